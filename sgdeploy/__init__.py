@@ -1,0 +1,1 @@
+"""sgdeploy: the logic Ansible should not hold (configs, rendering, builds, gates, sweeps, reports)."""

@@ -1,0 +1,3 @@
+from sgdeploy.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,191 @@
+"""Render a config into its systemd unit and environment file.
+
+Rendering is a pure function of the config and a few host settings (the release label, the bind
+address the inventory may override, the launcher the lab swaps for its simulator). The flags are
+computed here, in Python; the Jinja2 template in templates/systemd/ only lays them out. The same
+template serves `make render` and the Ansible deploy (which calls this module).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shlex
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import jinja2
+
+from sgdeploy.spec import Config
+
+TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "templates" / "systemd"
+RELEASE_ROOT = "/opt/sglang/releases"
+DEFAULT_LAUNCHER = "-m sglang.launch_server"
+SERVICE_USER = "sglang"
+STATE_DIR = "/var/lib/sglang"
+ENV_DIR = "/etc/sglang"
+
+
+@dataclass(frozen=True)
+class HostSettings:
+    """What the inventory may set for one host (docs/design.md, "Inventory variables")."""
+
+    release_label: str
+    bind_address: str | None = None
+    launcher: str = DEFAULT_LAUNCHER
+    release_root: str = RELEASE_ROOT
+    cuda_home: str = "/usr/local/cuda"
+    service_user: str = SERVICE_USER
+
+
+@dataclass(frozen=True)
+class Rendered:
+    unit_name: str
+    unit_text: str
+    env_name: str
+    env_text: str
+    argv: tuple[str, ...]
+
+    @property
+    def digest(self) -> str:
+        return hashlib.sha256((self.unit_text + "\0" + self.env_text).encode()).hexdigest()[:16]
+
+
+def bind_address(config: Config, host: HostSettings) -> str:
+    return host.bind_address or config.serving.host
+
+
+def launch_args(config: Config, host: HostSettings) -> list[str]:
+    """The SGLang flags the config implies, in a fixed order."""
+    sv, sp = config.serving, config.speculative
+    args = [
+        "--model-path", config.model.path,
+        "--tp-size", str(sv.tp_size),
+        "--host", bind_address(config, host),
+        "--port", str(sv.port),
+        "--nccl-port", str(sv.nccl_port),
+        "--attention-backend", sv.attention_backend,
+        "--mem-fraction-static", f"{sv.mem_fraction_static:g}",
+        "--enable-metrics",
+    ]
+    if config.model.revision:
+        args += ["--revision", config.model.revision]
+    if sv.max_running_requests is not None:
+        args += ["--max-running-requests", str(sv.max_running_requests)]
+    if sp.algorithm != "NONE":
+        assert config.drafter is not None
+        args += ["--speculative-algorithm", sp.algorithm,
+                 "--speculative-draft-model-path", config.drafter.path,
+                 "--speculative-dflash-block-size", str(sp.block_size)]
+    if sp.algorithm == "DDTREE":
+        args += ["--speculative-ddtree-budget", str(sp.budget),
+                 "--speculative-ddtree-topk-cap", str(sp.topk_cap)]
+    args += list(sv.extra_args)
+    return args
+
+
+def exec_argv(config: Config, host: HostSettings) -> list[str]:
+    python = f"{host.release_root}/{host.release_label}/venv/bin/python"
+    return [python, *shlex.split(host.launcher), *launch_args(config, host)]
+
+
+def _systemd_quote(arg: str) -> str:
+    """Quote one ExecStart argument for systemd (its rules: C-style escapes in double quotes)."""
+    if arg and all(c.isalnum() or c in "-_./:=,+@" for c in arg):
+        return arg.replace("%", "%%")
+    escaped = arg.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%").replace("$", "$$")
+    return f'"{escaped}"'
+
+
+def _env_quote(value: str) -> str:
+    escaped = value.replace("\\", "\\\\").replace('"', '\\"').replace("$", "\\$").replace("`", "\\`")
+    return f'"{escaped}"'
+
+
+def _environment() -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(TEMPLATE_DIR)),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        autoescape=False,
+    )
+
+
+def render(config: Config, host: HostSettings, secret_env: dict[str, str] | None = None) -> Rendered:
+    argv = exec_argv(config, host)
+    release_dir = f"{host.release_root}/{host.release_label}"
+    path_dirs = [f"{host.cuda_home}/bin", f"{release_dir}/venv/bin",
+                 "/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin"]
+    env_name = f"{ENV_DIR}/{config.name}.env"
+    env = _environment()
+    unit_text = env.get_template("sglang.service.j2").render(
+        config=config,
+        unit_name=config.unit_name,
+        user=host.service_user,
+        state_dir=STATE_DIR,
+        release_dir=release_dir,
+        release_label=host.release_label,
+        env_file=env_name,
+        cuda_visible_devices=",".join(str(g) for g in config.serving.gpus),
+        cuda_home=host.cuda_home,
+        path=":".join(path_dirs),
+        exec_start=" ".join(_systemd_quote(a) for a in argv),
+        start_timeout=config.serving.start_timeout_s,
+        stop_timeout=config.serving.stop_timeout_s,
+    )
+    env_vars = dict(config.serving.env)
+    env_vars.update(secret_env or {})
+    env_text = env.get_template("sglang.env.j2").render(
+        config=config,
+        variables=[(k, _env_quote(v)) for k, v in sorted(env_vars.items())],
+    )
+    return Rendered(config.unit_name, unit_text, env_name, env_text, tuple(argv))
+
+
+def write(rendered: Rendered, out_dir: Path) -> tuple[Path, Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    unit_path = out_dir / rendered.unit_name
+    env_path = out_dir / Path(rendered.env_name).name
+    unit_path.write_text(rendered.unit_text)
+    env_path.write_text(rendered.env_text)
+    env_path.chmod(0o600)
+    return unit_path, env_path
+
+
+class VerifyError(Exception):
+    pass
+
+
+def verify(unit_path: Path, executable: str) -> str:
+    """`systemd-analyze verify` the unit in a scratch root where its ExecStart binary exists.
+
+    The unit must carry its real name (`*.service`): verify refuses other suffixes. Returns the
+    tool's output; raises VerifyError with it when the unit does not verify.
+    """
+    tool = shutil.which("systemd-analyze")
+    if tool is None:
+        raise VerifyError("systemd-analyze not found: install the 'systemd' package (make setup does)")
+    with tempfile.TemporaryDirectory(prefix="sgdeploy-verify-") as tmp:
+        root = Path(tmp)
+        unit_dir = root / "etc" / "systemd" / "system"
+        unit_dir.mkdir(parents=True)
+        staged = unit_dir / unit_path.name
+        staged.write_text(unit_path.read_text())
+        exe = root / executable.lstrip("/")
+        exe.parent.mkdir(parents=True, exist_ok=True)
+        exe.write_text("#!/bin/sh\n")
+        exe.chmod(0o755)
+        proc = subprocess.run(
+            [tool, "verify", f"--root={root}", "--man=no", "--recursive-errors=no", str(staged)],
+            capture_output=True, text=True, check=False,
+        )
+    out = (proc.stdout + proc.stderr).strip().replace(str(root), "")
+    # verify exits non-zero on unknown keys, unparsable values and missing executables; it also
+    # prints "ignoring" for problems it tolerates: both count as a failed verification here.
+    if proc.returncode != 0 or "ignoring" in out:
+        raise VerifyError(out or f"systemd-analyze verify exited {proc.returncode}")
+    return out

@@ -1,0 +1,558 @@
+"""Spec configs: parse `configs/*.yml` once into typed objects, with `extends`, and validate.
+
+Every problem found is reported, one line each, naming the file, the field path, the bad value and
+what is allowed. Callers get a `Config` or a `ConfigError` carrying all problems; the command-line
+layer prints them and exits 2.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+CONFIG_DIR = REPO_ROOT / "configs"
+
+ALGORITHMS = ("NONE", "DFLASH", "DDTREE")
+ATTENTION_BACKENDS = ("triton", "flashinfer", "fa3", "torch_native", "flex_attention")
+# Largest budget the project accepts in a config. The memory rule (sgdeploy.budget) can lower it
+# per model and card; 256 nodes is already far past the measured acceptance plateau.
+MAX_BUDGET = 256
+MAX_TOPK_CAP = 16
+FEATURE_ORDER = ("ddtree", "fork", "topk")
+NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
+ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class ConfigError(Exception):
+    """One or more problems with a config; `problems` holds one line each."""
+
+    def __init__(self, problems: list[str]):
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+@dataclass(frozen=True)
+class Model:
+    path: str
+    revision: str | None
+    recurrent_layers: bool
+
+
+@dataclass(frozen=True)
+class Drafter:
+    path: str
+    revision: str | None
+
+
+@dataclass(frozen=True)
+class Speculative:
+    algorithm: str
+    block_size: int | None = None
+    budget: int | None = None
+    topk_cap: int | None = None
+    state_forking: bool = False
+    fused_topk: bool = False
+    reproduce_state_leak: bool = False
+
+
+@dataclass(frozen=True)
+class Serving:
+    gpus: tuple[int, ...]
+    tp_size: int
+    host: str
+    port: int
+    nccl_port: int
+    attention_backend: str
+    mem_fraction_static: float
+    max_running_requests: int | None
+    extra_args: tuple[str, ...]
+    env: dict[str, str]
+    start_timeout_s: int
+    stop_timeout_s: int
+    drain_timeout_s: int
+
+
+@dataclass(frozen=True)
+class Gates:
+    min_accept_length: float | None
+    min_tokens_per_s: float | None
+    max_regression_pct: float
+    smoke_prompt: str
+    smoke_max_tokens: int
+    bench_requests: int
+    bench_concurrency: int
+    bench_max_tokens: int
+    min_completed_fraction: float
+    warmup_requests: int
+
+    def as_mapping(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
+class Config:
+    name: str
+    source: Path
+    description: str
+    model: Model
+    drafter: Drafter | None
+    speculative: Speculative
+    serving: Serving
+    gates: Gates
+    merged: dict[str, Any] = field(repr=False, compare=False, default_factory=dict)
+
+    @property
+    def speculative_enabled(self) -> bool:
+        return self.speculative.algorithm != "NONE"
+
+    @property
+    def patch_features(self) -> tuple[str, ...]:
+        """The patch features this config needs, in series order (see docs/design.md)."""
+        s = self.speculative
+        wanted = set()
+        if s.algorithm == "DDTREE":
+            wanted.add("ddtree")
+            if s.state_forking:
+                wanted.add("fork")
+            if s.fused_topk:
+                wanted.add("topk")
+        return tuple(f for f in FEATURE_ORDER if f in wanted)
+
+    @property
+    def unit_name(self) -> str:
+        return f"sglang-{self.name}.service"
+
+    @property
+    def ports(self) -> tuple[int, ...]:
+        return (self.serving.port, self.serving.nccl_port)
+
+
+# --------------------------------------------------------------------------------------------------
+# Schema. Each leaf: (kind, default, extra). kind: str, bool, int, float, ip, list[int], list[str],
+# map[str], choice. A default of REQUIRED means the field must be given.
+
+REQUIRED = object()
+ABSENT = object()
+
+SCHEMA: dict[str, Any] = {
+    "extends": ("str", None),
+    "description": ("str", ""),
+    "model": {
+        "path": ("str", REQUIRED),
+        "revision": ("str", None),
+        "recurrent_layers": ("bool", REQUIRED),
+    },
+    "drafter": {
+        "path": ("str", REQUIRED),
+        "revision": ("str", None),
+    },
+    "speculative": {
+        "algorithm": ("choice", "NONE", ALGORITHMS),
+        "block_size": ("int", None),
+        "budget": ("int", None),
+        "topk_cap": ("int", None),
+        "state_forking": ("bool", None),
+        "fused_topk": ("bool", None),
+        "reproduce_state_leak": ("bool", None),
+    },
+    "serving": {
+        "gpus": ("list[int]", [0]),
+        "tp_size": ("int", 1),
+        "host": ("ip", "127.0.0.1"),
+        "port": ("int", 30000),
+        "nccl_port": ("int", None),
+        "attention_backend": ("choice", REQUIRED, ATTENTION_BACKENDS),
+        "mem_fraction_static": ("float", 0.85),
+        "max_running_requests": ("int", None),
+        "extra_args": ("list[str]", []),
+        "env": ("map[str]", {}),
+        "start_timeout_s": ("int", 1800),
+        "stop_timeout_s": ("int", 600),
+        "drain_timeout_s": ("int", 300),
+    },
+    "gates": {
+        "min_accept_length": ("float", None),
+        "min_tokens_per_s": ("float", None),
+        "max_regression_pct": ("float", 10.0),
+        "smoke_prompt": ("str", "The capital of France is"),
+        "smoke_max_tokens": ("int", 32),
+        "bench_requests": ("int", 16),
+        "bench_concurrency": ("int", 4),
+        "bench_max_tokens": ("int", 128),
+        "min_completed_fraction": ("float", 0.9),
+        "warmup_requests": ("int", 2),
+    },
+}
+
+SPEC_FIELDS_BY_ALGORITHM = {
+    "NONE": set(),
+    "DFLASH": {"block_size"},
+    "DDTREE": {"block_size", "budget", "topk_cap", "state_forking", "fused_topk", "reproduce_state_leak"},
+}
+
+# Flags that the project sets itself; giving them in extra_args would contradict the config.
+MANAGED_FLAGS = (
+    "--model-path", "--host", "--port", "--tp-size", "--nccl-port", "--attention-backend",
+    "--mem-fraction-static", "--speculative-algorithm", "--speculative-draft-model-path",
+    "--speculative-dflash-block-size", "--speculative-ddtree-budget", "--speculative-ddtree-topk-cap",
+    "--max-running-requests", "--revision",
+)
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, str):
+        return repr(value)
+    return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
+
+
+# --------------------------------------------------------------------------------------------------
+# Loading and merging
+
+
+def resolve(name_or_path: str | Path, config_dir: Path = CONFIG_DIR) -> Path:
+    """A config name (`ddtree-b15`) or a path to a YAML file → the file's path."""
+    text = str(name_or_path)
+    candidate = Path(text)
+    if text.endswith((".yml", ".yaml")) or "/" in text:
+        if not candidate.is_file():
+            raise ConfigError([f"{text}: no such config file"])
+        return candidate.resolve()
+    for suffix in (".yml", ".yaml"):
+        p = config_dir / f"{text}{suffix}"
+        if p.is_file():
+            return p.resolve()
+    known = ", ".join(available(config_dir)) or "(none)"
+    raise ConfigError([f"{text}: no config of that name in {config_dir}; known configs: {known}"])
+
+
+def available(config_dir: Path = CONFIG_DIR) -> list[str]:
+    return sorted(p.stem for p in config_dir.glob("*.yml"))
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError([f"{path}: not valid YAML{where}: {problem}"]) from None
+    except OSError as exc:
+        raise ConfigError([f"{path}: cannot read: {exc.strerror}"]) from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError([f"{path}: top level must be a mapping of fields, got {type(data).__name__}"])
+    return data
+
+
+def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """Mappings merge key by key; anything else (lists included) in `override` replaces."""
+    out = dict(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def load_merged(path: Path, config_dir: Path | None = None, _chain: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """The config at `path` with its `extends` chain merged in (parent first)."""
+    config_dir = config_dir or path.parent
+    if path in _chain:
+        cycle = " -> ".join(p.stem for p in (*_chain, path))
+        raise ConfigError([f"{_chain[0]}: extends: cycle {cycle}"])
+    data = _read_yaml(path)
+    parent = data.get("extends")
+    if parent is None:
+        return data
+    if not isinstance(parent, str) or not parent:
+        raise ConfigError([f"{path}: extends: {_fmt(parent)} is not a config name; give the name of a file in "
+                           f"{config_dir} without .yml"])
+    parent_path = None
+    for suffix in (".yml", ".yaml"):
+        p = config_dir / f"{parent}{suffix}"
+        if p.is_file():
+            parent_path = p.resolve()
+            break
+    if parent_path is None:
+        raise ConfigError([f"{path}: extends: {parent!r} not found in {config_dir}; known configs: "
+                           f"{', '.join(available(config_dir))}"])
+    merged = deep_merge(load_merged(parent_path, config_dir, (*_chain, path)), data)
+    merged.pop("extends", None)
+    return merged
+
+
+# --------------------------------------------------------------------------------------------------
+# Validation
+
+
+class _Checker:
+    def __init__(self, source: Path):
+        self.source = source
+        self.problems: list[str] = []
+
+    def bad(self, path: str, value: Any, allowed: str) -> None:
+        shown = "missing" if value is ABSENT else _fmt(value)
+        self.problems.append(f"{self.source}: {path}: {shown}: {allowed}")
+
+    def leaf(self, path: str, value: Any, spec: tuple) -> Any:
+        kind, default = spec[0], spec[1]
+        if value is ABSENT or value is None:
+            if default is REQUIRED:
+                self.bad(path, ABSENT, "required")
+                return None
+            return default() if callable(default) else default
+        if kind == "str":
+            if not isinstance(value, str) or not value:
+                return self.bad(path, value, "must be a non-empty string")
+            return value
+        if kind == "bool":
+            if not isinstance(value, bool):
+                return self.bad(path, value, "must be true or false")
+            return value
+        if kind == "int":
+            if isinstance(value, bool) or not isinstance(value, int):
+                return self.bad(path, value, "must be a whole number")
+            return value
+        if kind == "float":
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                return self.bad(path, value, "must be a number")
+            return float(value)
+        if kind == "choice":
+            if value not in spec[2]:
+                return self.bad(path, value, f"must be one of {', '.join(spec[2])}")
+            return value
+        if kind == "ip":
+            try:
+                ipaddress.ip_address(str(value))
+            except ValueError:
+                return self.bad(path, value, "must be an IP address (e.g. 127.0.0.1 for loopback only)")
+            return str(value)
+        if kind == "list[int]":
+            if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool)
+                                                      for v in value):
+                return self.bad(path, value, "must be a list of whole numbers")
+            return value
+        if kind == "list[str]":
+            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                return self.bad(path, value, "must be a list of strings")
+            return value
+        if kind == "map[str]":
+            if not isinstance(value, dict):
+                return self.bad(path, value, "must be a mapping of NAME: value")
+            out = {}
+            for k, v in value.items():
+                if not isinstance(k, str) or not ENV_NAME_RE.match(k):
+                    self.bad(f"{path}.{k}", k, "environment variable names are letters, digits and _")
+                elif isinstance(v, (dict, list)) or v is None:
+                    self.bad(f"{path}.{k}", v, "must be a string, number or boolean")
+                else:
+                    out[k] = str(v).lower() if isinstance(v, bool) else str(v)
+            return out
+        raise AssertionError(kind)
+
+    def section(self, path: str, data: Any, schema: dict[str, Any]) -> dict[str, Any]:
+        if data is ABSENT or data is None:
+            data = {}
+        if not isinstance(data, dict):
+            self.bad(path, data, "must be a mapping")
+            data = {}
+        for key in data:
+            if key not in schema:
+                hint = _close_match(str(key), schema)
+                self.bad(f"{path}.{key}" if path else str(key), data[key],
+                         f"unknown field{hint}; allowed: {', '.join(schema)}")
+        out: dict[str, Any] = {}
+        for key, spec in schema.items():
+            sub = f"{path}.{key}" if path else key
+            value = data.get(key, ABSENT)
+            if isinstance(spec, dict):
+                out[key] = None if value is ABSENT and key == "drafter" else self.section(sub, value, spec)
+            else:
+                out[key] = self.leaf(sub, value, spec)
+        return out
+
+
+def _close_match(key: str, schema: dict[str, Any]) -> str:
+    import difflib
+
+    match = difflib.get_close_matches(key, list(schema), n=1)
+    return f" (did you mean {match[0]!r}?)" if match else ""
+
+
+def validate(merged: dict[str, Any], source: Path, name: str) -> Config:
+    """Typed config from a merged mapping, or ConfigError with every problem found."""
+    chk = _Checker(source)
+    if not NAME_RE.match(name):
+        chk.bad("name", name, "config file names are lower-case letters, digits, '.', '_' and '-'")
+    v = chk.section("", merged, SCHEMA)
+    spec, serving, gates = v["speculative"], v["serving"], v["gates"]
+    algo = spec["algorithm"]
+
+    # Algorithm-specific fields.
+    raw_spec = merged.get("speculative") if isinstance(merged.get("speculative"), dict) else {}
+    allowed = SPEC_FIELDS_BY_ALGORITHM.get(algo, set())
+    for key in ("block_size", "budget", "topk_cap", "state_forking", "fused_topk", "reproduce_state_leak"):
+        if key in raw_spec and raw_spec[key] is not None and key not in allowed:
+            users = [a for a, keys in SPEC_FIELDS_BY_ALGORITHM.items() if key in keys]
+            chk.bad(f"speculative.{key}", raw_spec[key],
+                    f"only for algorithm {' or '.join(users)}, not {algo}")
+    if algo == "NONE" and merged.get("drafter") is not None:
+        chk.bad("drafter", merged.get("drafter"), "a drafter is only for algorithm DFLASH or DDTREE, not NONE")
+    if algo in ("DFLASH", "DDTREE"):
+        if v["drafter"] is None:
+            chk.bad("drafter.path", ABSENT, f"required for algorithm {algo}")
+        bs = spec["block_size"]
+        if bs is None:
+            chk.bad("speculative.block_size", ABSENT, f"required for algorithm {algo}")
+        elif bs < 2 or bs > 64:
+            chk.bad("speculative.block_size", bs, "must be between 2 and 64")
+    if algo == "DDTREE":
+        budget, cap, bs = spec["budget"], spec["topk_cap"], spec["block_size"]
+        if budget is None:
+            chk.bad("speculative.budget", ABSENT, "required for algorithm DDTREE")
+        elif budget < 1 or budget > MAX_BUDGET:
+            chk.bad("speculative.budget", budget, f"must be between 1 and {MAX_BUDGET}")
+        if cap is None:
+            chk.bad("speculative.topk_cap", ABSENT, "required for algorithm DDTREE")
+        elif cap < 1 or cap > MAX_TOPK_CAP:
+            chk.bad("speculative.topk_cap", cap, f"must be between 1 and {MAX_TOPK_CAP}")
+        elif budget is not None and 1 <= budget and cap > budget:
+            chk.bad("speculative.topk_cap", cap, f"must not exceed speculative.budget ({budget})")
+        for key in ("state_forking", "fused_topk", "reproduce_state_leak"):
+            if spec[key] is None:
+                spec[key] = False
+        recurrent = v["model"]["recurrent_layers"]
+        if (recurrent and not spec["state_forking"] and budget is not None and bs is not None
+                and budget > bs - 1 and not spec["reproduce_state_leak"]):
+            chk.bad("speculative.budget", budget,
+                    f"on a model with recurrent layers and state_forking off, must be at most block_size - 1 "
+                    f"({bs - 1}): sibling nodes would share the recurrent state and acceptance collapses; "
+                    "turn speculative.state_forking on, or set speculative.reproduce_state_leak: true to "
+                    "reproduce the collapse on purpose")
+        if spec["state_forking"] and recurrent is False:
+            chk.bad("speculative.state_forking", True,
+                    "only for models with recurrent layers (model.recurrent_layers: true)")
+        if spec["reproduce_state_leak"] and (spec["state_forking"] or not recurrent):
+            chk.bad("speculative.reproduce_state_leak", True,
+                    "only with state_forking: false on a model with recurrent layers")
+
+    # Serving.
+    gpus, tp = serving["gpus"], serving["tp_size"]
+    if isinstance(gpus, list):
+        if not gpus:
+            chk.bad("serving.gpus", gpus, "must list at least one GPU index")
+        if any(g < 0 for g in gpus):
+            chk.bad("serving.gpus", gpus, "GPU indices are 0 or more")
+        if len(set(gpus)) != len(gpus):
+            chk.bad("serving.gpus", gpus, "each GPU index may appear only once")
+        if isinstance(tp, int) and len(gpus) != tp:
+            chk.bad("serving.gpus", gpus, f"must list exactly serving.tp_size ({tp}) GPUs")
+    if isinstance(tp, int) and tp < 1:
+        chk.bad("serving.tp_size", tp, "must be 1 or more")
+    port = serving["port"]
+    if isinstance(port, int) and not 1024 <= port <= 65535:
+        chk.bad("serving.port", port, "must be between 1024 and 65535")
+        port = None
+    nccl = serving["nccl_port"]
+    if nccl is None and isinstance(port, int):
+        nccl = port + 1 if port < 65535 else port - 1
+        serving["nccl_port"] = nccl
+    elif isinstance(nccl, int) and (not 1024 <= nccl <= 65535 or nccl == port):
+        chk.bad("serving.nccl_port", nccl, "must be between 1024 and 65535 and differ from serving.port")
+    mem = serving["mem_fraction_static"]
+    if isinstance(mem, float) and not 0.1 <= mem <= 0.98:
+        chk.bad("serving.mem_fraction_static", mem, "must be between 0.1 and 0.98")
+    mrr = serving["max_running_requests"]
+    if isinstance(mrr, int) and mrr < 1:
+        chk.bad("serving.max_running_requests", mrr, "must be 1 or more")
+    for key in ("start_timeout_s", "stop_timeout_s", "drain_timeout_s"):
+        t = serving[key]
+        if isinstance(t, int) and not 1 <= t <= 86400:
+            chk.bad(f"serving.{key}", t, "must be between 1 and 86400 seconds (a timeout of 0 never gives up)")
+    for arg in serving["extra_args"] or []:
+        flag = arg.split("=", 1)[0]
+        if flag in MANAGED_FLAGS:
+            chk.bad("serving.extra_args", arg, f"{flag} is set from the config's own fields; set those instead")
+
+    # Gates.
+    for key in ("min_accept_length", "min_tokens_per_s"):
+        g = gates[key]
+        if isinstance(g, float) and g < 0:
+            chk.bad(f"gates.{key}", g, "must be 0 or more")
+    if isinstance(gates["min_accept_length"], float) and algo == "NONE" and gates["min_accept_length"] > 1:
+        chk.bad("gates.min_accept_length", gates["min_accept_length"],
+                "an autoregressive config accepts exactly 1 token per step; use at most 1 or leave it out")
+    reg = gates["max_regression_pct"]
+    if isinstance(reg, float) and not 0 <= reg <= 100:
+        chk.bad("gates.max_regression_pct", reg, "must be between 0 and 100")
+    for key in ("smoke_max_tokens", "bench_requests", "bench_concurrency", "bench_max_tokens"):
+        g = gates[key]
+        if isinstance(g, int) and g < 1:
+            chk.bad(f"gates.{key}", g, "must be 1 or more")
+    if isinstance(gates["warmup_requests"], int) and gates["warmup_requests"] < 0:
+        chk.bad("gates.warmup_requests", gates["warmup_requests"], "must be 0 or more")
+    frac = gates["min_completed_fraction"]
+    if isinstance(frac, float) and not 0 < frac <= 1:
+        chk.bad("gates.min_completed_fraction", frac, "must be above 0 and at most 1")
+
+    if chk.problems:
+        raise ConfigError(chk.problems)
+
+    model = Model(**v["model"])
+    drafter = Drafter(**v["drafter"]) if v["drafter"] is not None and algo != "NONE" else None
+    speculative = Speculative(**{k: val for k, val in spec.items() if val is not None or k == "algorithm"})
+    serving_obj = Serving(
+        gpus=tuple(gpus), tp_size=tp, host=serving["host"], port=port, nccl_port=nccl,
+        attention_backend=serving["attention_backend"], mem_fraction_static=mem,
+        max_running_requests=mrr, extra_args=tuple(serving["extra_args"]), env=dict(serving["env"]),
+        start_timeout_s=serving["start_timeout_s"], stop_timeout_s=serving["stop_timeout_s"],
+        drain_timeout_s=serving["drain_timeout_s"],
+    )
+    return Config(name=name, source=source, description=v["description"], model=model, drafter=drafter,
+                  speculative=speculative, serving=serving_obj, gates=Gates(**gates), merged=merged)
+
+
+def load(name_or_path: str | Path, config_dir: Path = CONFIG_DIR) -> Config:
+    """Resolve, merge `extends` and validate. Raises ConfigError."""
+    path = resolve(name_or_path, config_dir)
+    merged = load_merged(path, path.parent)
+    return validate(merged, path, path.stem)
+
+
+def to_yaml(config: Config) -> str:
+    """The fully merged config as YAML: itself a valid config (no `extends`)."""
+    s = config.speculative
+    spec: dict[str, Any] = {"algorithm": s.algorithm}
+    if s.algorithm in ("DFLASH", "DDTREE"):
+        spec["block_size"] = s.block_size
+    if s.algorithm == "DDTREE":
+        spec.update(budget=s.budget, topk_cap=s.topk_cap, state_forking=s.state_forking,
+                    fused_topk=s.fused_topk, reproduce_state_leak=s.reproduce_state_leak)
+    sv = config.serving
+    out: dict[str, Any] = {
+        "description": config.description,
+        "model": {"path": config.model.path, "revision": config.model.revision,
+                  "recurrent_layers": config.model.recurrent_layers},
+    }
+    if config.drafter is not None:
+        out["drafter"] = {"path": config.drafter.path, "revision": config.drafter.revision}
+    out["speculative"] = spec
+    out["serving"] = {
+        "gpus": list(sv.gpus), "tp_size": sv.tp_size, "host": sv.host, "port": sv.port,
+        "nccl_port": sv.nccl_port, "attention_backend": sv.attention_backend,
+        "mem_fraction_static": sv.mem_fraction_static, "max_running_requests": sv.max_running_requests,
+        "extra_args": list(sv.extra_args), "env": dict(sv.env), "start_timeout_s": sv.start_timeout_s,
+        "stop_timeout_s": sv.stop_timeout_s, "drain_timeout_s": sv.drain_timeout_s,
+    }
+    out["gates"] = config.gates.as_mapping()
+    header = f"# {config.name}: fully merged from {config.source}\n"
+    return header + yaml.safe_dump(out, sort_keys=False, default_flow_style=False)

@@ -1,0 +1,188 @@
+"""Spec configs: every shipped config validates; bad configs exit 2 naming file, field and value."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+
+from sgdeploy import spec
+
+REPO = Path(__file__).resolve().parents[2]
+SHIPPED = spec.available()
+REQUIRED_CONFIGS = {"ar", "dflash-b16", "ddtree-b15", "ddtree-b32", "ddtree-b64", "ddtree-b15-nofork",
+                    "ddtree-b64-nofork", "kimi-k2.6-ddtree-b64-tp8"}
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "sgdeploy", *args], capture_output=True, text=True,
+                          cwd=REPO, check=False)
+
+
+def test_required_configs_are_shipped():
+    assert REQUIRED_CONFIGS <= set(SHIPPED)
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_shipped_config_is_valid(name):
+    config = spec.load(name)
+    assert config.name == name
+    assert len(config.serving.gpus) == config.serving.tp_size
+
+
+def test_features_select_patches():
+    assert spec.load("ddtree-b15").patch_features == ("ddtree", "fork", "topk")
+    assert spec.load("ddtree-b64-nofork").patch_features == ("ddtree",)
+    assert spec.load("kimi-k2.6-ddtree-b64-tp8").patch_features == ("ddtree", "topk")
+    assert spec.load("ar").patch_features == ()
+    assert spec.load("dflash-b16").patch_features == ()
+
+
+def test_kimi_is_tp8_over_all_gpus_without_recurrent_layers():
+    kimi = spec.load("kimi-k2.6-ddtree-b64-tp8")
+    assert kimi.serving.tp_size == 8 and kimi.serving.gpus == tuple(range(8))
+    assert kimi.model.recurrent_layers is False and kimi.speculative.budget == 64
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_make_config_output_round_trips(name, tmp_path):
+    result = run_cli("config", name)
+    assert result.returncode == 0, result.stderr
+    path = tmp_path / f"{name}.yml"
+    path.write_text(result.stdout)
+    reloaded = spec.load(path)
+    original = spec.load(name)
+    # Same typed content; only the source path differs.
+    for part in ("model", "drafter", "speculative", "serving", "gates"):
+        assert getattr(reloaded, part) == getattr(original, part), part
+    assert yaml.safe_load(result.stdout).get("extends") is None
+
+
+BASE = """
+model: {path: Qwen/Qwen3.6-27B, recurrent_layers: true}
+drafter: {path: z-lab/Qwen3.6-27B-DFlash}
+speculative: {algorithm: DDTREE, block_size: 16, budget: 15, topk_cap: 8, state_forking: true}
+serving: {gpus: [0], tp_size: 1, port: 30000, attention_backend: triton}
+"""
+
+
+def _patched(base: str, patch: dict) -> dict:
+    return spec.deep_merge(yaml.safe_load(base), patch)
+
+
+# (case name, patch merged into BASE (None = replace whole text), field path expected in the message,
+#  a fragment of what is allowed)
+BAD = [
+    ("unknown-top", {"modle": {"path": "x"}}, "modle", "did you mean 'model'"),
+    ("unknown-nested", {"serving": {"prot": 1}}, "serving.prot", "did you mean 'port'"),
+    ("wrong-type-port", {"serving": {"port": "http"}}, "serving.port", "whole number"),
+    ("wrong-type-bool", {"model": {"recurrent_layers": "yes"}}, "model.recurrent_layers", "true or false"),
+    ("budget-zero", {"speculative": {"budget": 0}}, "speculative.budget", "between 1 and"),
+    ("budget-too-big", {"speculative": {"budget": 100000}}, "speculative.budget", "between 1 and"),
+    ("cap-zero", {"speculative": {"topk_cap": 0}}, "speculative.topk_cap", "between 1 and"),
+    ("cap-above-budget", {"speculative": {"budget": 4, "topk_cap": 8}}, "speculative.topk_cap",
+     "must not exceed speculative.budget (4)"),
+    ("block-size-1", {"speculative": {"block_size": 1}}, "speculative.block_size", "between 2 and 64"),
+    ("gpus-repeated", {"serving": {"gpus": [0, 0], "tp_size": 2}}, "serving.gpus", "only once"),
+    ("gpus-vs-tp", {"serving": {"gpus": [0, 1, 2]}}, "serving.gpus", "exactly serving.tp_size (1)"),
+    ("port-low", {"serving": {"port": 80}}, "serving.port", "between 1024 and 65535"),
+    ("port-high", {"serving": {"port": 70000}}, "serving.port", "between 1024 and 65535"),
+    ("bind-not-ip", {"serving": {"host": "localhost"}}, "serving.host", "IP address"),
+    ("missing-model", {"model": {"path": None}}, "model.path", "required"),
+    ("leak-without-opt-in", {"speculative": {"state_forking": False, "budget": 32}}, "speculative.budget",
+     "reproduce_state_leak"),
+    ("budget-for-dflash", {"speculative": {"algorithm": "DFLASH", "state_forking": None, "topk_cap": None}},
+     "speculative.budget", "only for algorithm DDTREE, not DFLASH"),
+    ("drafter-for-none", {"speculative": {"algorithm": "NONE", "block_size": None, "budget": None,
+                                          "topk_cap": None, "state_forking": None}},
+     "drafter", "only for algorithm DFLASH or DDTREE"),
+    ("bad-algorithm", {"speculative": {"algorithm": "EAGLE9"}}, "speculative.algorithm", "NONE, DFLASH, DDTREE"),
+    ("bad-backend", {"serving": {"attention_backend": "trtllm_mha"}}, "serving.attention_backend",
+     "must be one of"),
+    ("managed-flag-in-extra", {"serving": {"extra_args": ["--port=1234"]}}, "serving.extra_args",
+     "set from the config's own fields"),
+    ("timeout-zero", {"serving": {"start_timeout_s": 0}}, "serving.start_timeout_s", "never gives up"),
+    ("fork-on-pure-attention", {"model": {"recurrent_layers": False}}, "speculative.state_forking",
+     "only for models with recurrent layers"),
+    ("env-not-mapping", {"serving": {"env": ["A=1"]}}, "serving.env", "mapping"),
+]
+
+
+@pytest.mark.parametrize("case,patch,field,allowed", BAD, ids=[b[0] for b in BAD])
+def test_bad_config_exits_2_naming_field(case, patch, field, allowed, tmp_path):
+    path = tmp_path / f"{case}.yml"
+    path.write_text(yaml.safe_dump(_patched(BASE, patch)))
+    result = run_cli("config", str(path))
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    lines = [ln for ln in result.stderr.splitlines() if f": {field}:" in ln]
+    assert lines, result.stderr
+    assert str(path) in lines[0]
+    assert allowed in lines[0], lines[0]
+    assert result.stdout == ""
+
+
+def test_every_problem_is_reported_one_line_each(tmp_path):
+    path = tmp_path / "many.yml"
+    path.write_text(yaml.safe_dump(_patched(BASE, {"serving": {"port": 1, "host": "nowhere"},
+                                                   "speculative": {"budget": 0}})))
+    result = run_cli("config", str(path))
+    assert result.returncode == 2
+    fields = {ln.split(": ")[1] for ln in result.stderr.splitlines()}
+    assert {"serving.port", "serving.host", "speculative.budget"} <= fields
+
+
+def test_reproduce_state_leak_opt_in_allows_the_collapse_config():
+    config = spec.load("ddtree-b64-nofork")
+    assert config.speculative.budget == 64 and not config.speculative.state_forking
+
+
+def _write(dirpath: Path, name: str, text: str) -> Path:
+    p = dirpath / f"{name}.yml"
+    p.write_text(textwrap.dedent(text))
+    return p
+
+
+def test_extends_cycle_is_reported(tmp_path):
+    _write(tmp_path, "a", "extends: b\n")
+    _write(tmp_path, "b", "extends: a\n")
+    result = run_cli("config", str(tmp_path / "a.yml"))
+    assert result.returncode == 2
+    assert "extends: cycle a -> b -> a" in result.stderr
+
+
+def test_extends_missing_parent_is_reported(tmp_path):
+    _write(tmp_path, "child", "extends: nowhere\n")
+    result = run_cli("config", str(tmp_path / "child.yml"))
+    assert result.returncode == 2
+    assert "extends: 'nowhere' not found" in result.stderr
+
+
+def test_extends_merges_mappings_and_replaces_lists(tmp_path):
+    _write(tmp_path, "parent", BASE + "\ngates: {min_tokens_per_s: 50, smoke_prompt: hi}\n")
+    _write(tmp_path, "child", """
+        extends: parent
+        serving: {extra_args: ["--log-level", "info"]}
+        gates: {min_tokens_per_s: 80}
+    """)
+    config = spec.load(tmp_path / "child.yml")
+    assert config.gates.min_tokens_per_s == 80 and config.gates.smoke_prompt == "hi"
+    assert config.serving.extra_args == ("--log-level", "info")
+    assert config.serving.attention_backend == "triton"
+
+
+def test_invalid_yaml_is_one_line_without_traceback(tmp_path):
+    path = tmp_path / "broken.yml"
+    path.write_text("model: {path: [unclosed\n")
+    result = run_cli("config", str(path))
+    assert result.returncode == 2 and "not valid YAML" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_unknown_config_name_lists_known_ones():
+    result = run_cli("config", "ddtree-b16")
+    assert result.returncode == 2
+    assert "no config of that name" in result.stderr and "ddtree-b15" in result.stderr
