@@ -49,6 +49,15 @@ def host_settings(config: spec.Config, args: argparse.Namespace) -> render.HostS
     )
 
 
+def service_url(config: spec.Config, host: render.HostSettings) -> str:
+    address = render.bind_address(config, host)
+    if ":" in address:
+        address = f"[{address}]"
+    elif address == "0.0.0.0":
+        address = "127.0.0.1"
+    return f"http://{address}:{config.serving.port}"
+
+
 def cmd_render(args: argparse.Namespace) -> int:
     config = spec.load(args.config)
     host = host_settings(config, args)
@@ -68,7 +77,7 @@ def cmd_render(args: argparse.Namespace) -> int:
             "env_name": rendered.env_name, "env": str(env_path), "release": host.release_label,
             "argv": list(rendered.argv), "digest": rendered.digest, "ports": list(config.ports),
             "gpus": list(config.serving.gpus), "bind_address": render.bind_address(config, host),
-            "features": list(config.patch_features), "speculative": config.speculative_enabled,
+            "features": list(config.patch_features), "url": service_url(config, host), "speculative": config.speculative_enabled,
             "gates": config.gates.as_mapping(), "start_timeout_s": config.serving.start_timeout_s,
             "stop_timeout_s": config.serving.stop_timeout_s,
             "drain_timeout_s": config.serving.drain_timeout_s,
