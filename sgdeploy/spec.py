@@ -276,15 +276,17 @@ def load_merged(path: Path, config_dir: Path | None = None, _chain: tuple[Path, 
     if not isinstance(parent, str) or not parent:
         raise ConfigError([f"{path}: extends: {_fmt(parent)} is not a config name; give the name of a file in "
                            f"{config_dir} without .yml"])
+    # A parent is looked up beside the config first, then among the shipped configs.
     parent_path = None
-    for suffix in (".yml", ".yaml"):
-        p = config_dir / f"{parent}{suffix}"
-        if p.is_file():
-            parent_path = p.resolve()
-            break
+    search = [config_dir] + ([CONFIG_DIR] if config_dir.resolve() != CONFIG_DIR.resolve() else [])
+    for folder in search:
+        for suffix in (".yml", ".yaml"):
+            p = folder / f"{parent}{suffix}"
+            if p.is_file() and parent_path is None:
+                parent_path = p.resolve()
     if parent_path is None:
-        raise ConfigError([f"{path}: extends: {parent!r} not found in {config_dir}; known configs: "
-                           f"{', '.join(available(config_dir))}"])
+        raise ConfigError([f"{path}: extends: {parent!r} not found in {' or '.join(map(str, search))}; "
+                           f"known configs: {', '.join(available(config_dir) or available())}"])
     merged = deep_merge(load_merged(parent_path, config_dir, (*_chain, path)), data)
     merged.pop("extends", None)
     return merged

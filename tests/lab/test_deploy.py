@@ -1,0 +1,184 @@
+"""Deploy with gates and automatic rollback, end to end in the lab (issue 5).
+
+Real ansible-playbook over SSH, real systemd in the lab hosts, the real rendered unit running the
+simulated engine from the release's virtualenv. Order matters: the tests build on each other's
+state (the first deploy is the baseline the later ones roll back to).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.lab
+
+REPO = Path(__file__).resolve().parents[2]
+LAB_CONFIGS = REPO / "tests" / "lab" / "configs"
+TIMINGS = REPO / "build" / "lab-timings.json"
+
+
+def deploy(lab, config: str, *extra: str, limit: str | None = "lab1", timeout: float = 900):
+    args = ["-e", f"config={config}"]
+    if limit:
+        args += ["--limit", limit]
+    return lab.ansible_playbook("playbooks/deploy.yml", *args, *extra, check=False, timeout=timeout)
+
+
+def recap(output: str, host: str) -> dict[str, int]:
+    for line in output.splitlines():
+        if line.startswith(host) and "ok=" in line:
+            return {k: int(v) for k, v in (part.split("=") for part in line.split()[2:] if "=" in part)}
+    raise AssertionError(f"no PLAY RECAP line for {host}:\n{output[-3000:]}")
+
+
+def active_unit(lab, host: str, unit: str) -> str:
+    return lab.ssh(host, f"systemctl is-active {unit}", check=False).stdout.strip()
+
+
+def generate(lab, host: str, port: int = 30000) -> dict:
+    body = json.dumps({"text": "Hello", "sampling_params": {"temperature": 0, "max_new_tokens": 16}})
+    out = lab.ssh(host, f"curl -sf -X POST http://{lab.address(host)}:{port}/generate "
+                        f"-H 'Content-Type: application/json' -d '{body}'").stdout
+    return json.loads(out)
+
+
+def server_info(lab, host: str, port: int = 30000) -> dict:
+    return json.loads(lab.ssh(host, f"curl -sf http://{lab.address(host)}:{port}/get_server_info").stdout)
+
+
+def newest_record(lab, host: str, config: str) -> dict:
+    out = lab.ssh(host, f"ls -1t /var/lib/sglang-deploy/{config}/records/*.json | head -1").stdout.strip()
+    return json.loads(lab.ssh(host, f"cat {out}").stdout)
+
+
+def save_timing(key: str, seconds: float) -> None:
+    data = json.loads(TIMINGS.read_text()) if TIMINGS.exists() else {}
+    data[key] = round(seconds, 1)
+    TIMINGS.parent.mkdir(parents=True, exist_ok=True)
+    TIMINGS.write_text(json.dumps(data, indent=2))
+
+
+def output_of(proc) -> str:
+    return proc.stdout + proc.stderr
+
+
+def test_ddtree_b15_deploys_and_passes_its_gates(lab):
+    proc = deploy(lab, "ddtree-b15")
+    assert proc.returncode == 0, output_of(proc)[-4000:]
+    assert active_unit(lab, "lab1", "sglang-ddtree-b15.service") == "active"
+    answer = generate(lab, "lab1")
+    assert answer["text"] and answer["meta_info"]["spec_verify_ct"] > 0
+    info = server_info(lab, "lab1")
+    assert info["speculative_algorithm"] == "DDTREE" and info["speculative_ddtree_budget"] == 15
+    record = newest_record(lab, "lab1", "ddtree-b15")
+    assert record["outcome"] == "deployed"
+    assert {g["gate"]: g["verdict"] for g in record["gates"]} == {
+        "smoke": "pass", "throughput": "pass", "acceptance": "pass"}
+    assert record["release"].startswith("ddtree.fork.topk.")
+    # The record was fetched to the controller.
+    fetched = list((REPO / "reports" / "deploys" / "lab1").glob("*.json"))
+    assert fetched
+    # The unit runs as the dedicated user, bound to the host's own address only.
+    user = lab.ssh("lab1", "ps -o user= -p $(systemctl show -p MainPID --value sglang-ddtree-b15)").stdout.strip()
+    assert user == "sglang"
+    listen = lab.ssh("lab1", "ss -ltnH 'sport = :30000'").stdout
+    assert f"{lab.address('lab1')}:30000" in listen
+
+
+def test_redeploy_changes_nothing_and_is_quick(lab):
+    start = time.monotonic()
+    proc = deploy(lab, "ddtree-b15")
+    seconds = time.monotonic() - start
+    assert proc.returncode == 0, output_of(proc)[-4000:]
+    assert recap(proc.stdout, "lab1")["changed"] == 0, proc.stdout[-3000:]
+    assert newest_record(lab, "lab1", "ddtree-b15")["outcome"] == "unchanged"
+    save_timing("no_change_redeploy_s", seconds)
+
+
+def test_collapse_config_rolls_back_on_the_acceptance_gate(lab):
+    before_pid = lab.ssh("lab1", "systemctl show -p MainPID --value sglang-ddtree-b15").stdout.strip()
+    proc = deploy(lab, "ddtree-b64-nofork")
+    out = output_of(proc)
+    assert proc.returncode != 0
+    assert "acceptance" in out and "Rolled back to sglang-ddtree-b15.service" in out, out[-4000:]
+    # The old config answers again; the failed one is stopped and disabled.
+    assert active_unit(lab, "lab1", "sglang-ddtree-b15.service") == "active"
+    assert active_unit(lab, "lab1", "sglang-ddtree-b64-nofork.service") != "active"
+    after_pid = lab.ssh("lab1", "systemctl show -p MainPID --value sglang-ddtree-b15").stdout.strip()
+    assert after_pid != before_pid  # it really was stopped and started again
+    assert server_info(lab, "lab1")["speculative_ddtree_budget"] == 15
+    assert generate(lab, "lab1")["meta_info"]["spec_verify_ct"] > 0
+    record = newest_record(lab, "lab1", "ddtree-b64-nofork")
+    assert record["outcome"] == "rolled_back"
+    acceptance = next(g for g in record["gates"] if g["gate"] == "acceptance")
+    assert acceptance["verdict"] == "fail" and acceptance["value"] < acceptance["threshold"]
+    assert record["rollback"]["restored_healthy"] is True
+    save_timing("rollback_s", float(record["rollback"]["seconds"]))
+
+
+@pytest.mark.parametrize("config,reason", [
+    ("lab-never-healthy", "Wait for health"),
+    ("lab-crash-after-start", "GATE FAILED"),
+])
+def test_faulty_engine_rolls_back(lab, config, reason):
+    proc = deploy(lab, str(LAB_CONFIGS / f"{config}.yml"))
+    out = output_of(proc)
+    assert proc.returncode != 0
+    assert reason in out and "Rolled back to sglang-ddtree-b15.service" in out, out[-4000:]
+    assert active_unit(lab, "lab1", "sglang-ddtree-b15.service") == "active"
+    assert active_unit(lab, "lab1", f"sglang-{config}.service") != "active"
+    assert generate(lab, "lab1")["text"]
+
+
+def test_port_held_by_a_stray_process_is_refused_before_anything_stops(lab):
+    addr = lab.address("lab1")
+    lab.ssh("lab1", f"systemd-run --unit=stray-listener python3 -m http.server --bind {addr} 31000")
+    try:
+        lab.ssh("lab1", "for i in $(seq 50); do ss -ltnH 'sport = :31000' | grep -q . && exit 0; sleep 0.1; done;"
+                        " exit 1")
+        pid = lab.ssh("lab1", "systemctl show -p MainPID --value sglang-ddtree-b15").stdout.strip()
+        proc = deploy(lab, str(LAB_CONFIGS / "lab-port-31000.yml"))
+        out = output_of(proc)
+        assert proc.returncode != 0
+        assert "DEPLOY REFUSED" in out and f"port {addr}:31000 is already in use" in out, out[-3000:]
+        assert "stray-listener.service" in out
+        # The old service never stopped.
+        assert lab.ssh("lab1", "systemctl show -p MainPID --value sglang-ddtree-b15").stdout.strip() == pid
+    finally:
+        lab.ssh("lab1", "systemctl stop stray-listener", check=False)
+
+
+def test_second_concurrent_deploy_is_refused(lab):
+    env = lab.ansible_env()
+    cmd = [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(lab.inventory), "playbooks/deploy.yml",
+           "-e", f"config={LAB_CONFIGS / 'lab-slow-start.yml'}", "--limit", "lab1"]
+    first = subprocess.Popen(cmd, cwd=REPO, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        lab.ssh("lab1", "for i in $(seq 600); do test -e /run/sglang-deploy.lock && exit 0; sleep 0.2; done; exit 1",
+                timeout=180)
+        second = deploy(lab, "ddtree-b15")
+        assert second.returncode != 0
+        assert "another deploy holds the lock" in output_of(second), output_of(second)[-3000:]
+    finally:
+        out, _ = first.communicate(timeout=600)
+    assert first.returncode == 0, out[-3000:]
+    # Put the baseline back for the next tests.
+    assert deploy(lab, "ddtree-b15").returncode == 0
+
+
+def test_rollout_stops_at_the_first_failing_host(lab):
+    if len(lab.hosts) < 2:
+        pytest.skip("needs two lab hosts")
+    before = lab.ssh("lab2", "ls /etc/systemd/system/ | grep '^sglang-' || true").stdout
+    proc = deploy(lab, str(LAB_CONFIGS / "lab-never-healthy.yml"), limit=None)
+    assert proc.returncode != 0
+    out = output_of(proc)
+    r2 = recap(proc.stdout, "lab2") if "lab2 " in proc.stdout else {"changed": 0, "ok": 0}
+    assert r2["changed"] == 0 and r2["ok"] == 0, out[-3000:]
+    assert lab.ssh("lab2", "ls /etc/systemd/system/ | grep '^sglang-' || true").stdout == before
+    assert active_unit(lab, "lab1", "sglang-ddtree-b15.service") == "active"
