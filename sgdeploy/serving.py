@@ -1,0 +1,365 @@
+"""Talking to a running SGLang service: health, drain, warm-up, one greedy request.
+
+Standard library only: the deploy playbook copies the ``sgdeploy`` package to a host and runs
+``python3 -m sgdeploy.serving ...`` there with the system Python.
+
+Command line (exit 0 done, 1 timed out or failed, 2 misuse)::
+
+    python -m sgdeploy.serving wait-healthy --url URL --timeout S [--json]
+    python -m sgdeploy.serving wait-drained --url URL --timeout S [--json]
+    python -m sgdeploy.serving warmup --url URL --requests N --max-tokens M [--timeout S] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import asdict, dataclass, field
+
+# Gauges that count requests the engine still owns; all of them must read 0 before a stop.
+IN_FLIGHT_GAUGES = ("sglang:num_running_reqs", "sglang:num_queue_reqs")
+
+WARMUP_PROMPT = "Warm-up: list the first ten prime numbers and explain why 1 is not prime."
+
+
+class ServingError(Exception):
+    """A service did not do what was asked (down, wrong answer, timed out): one line for people."""
+
+
+class MetricsUnavailable(ServingError):
+    """The service answers but has no in-flight gauge: a drain cannot be watched, waiting will not help."""
+
+
+class UsageError(ValueError):
+    """Bad input from the caller (a malformed URL, a negative count): one line naming the value."""
+
+
+def check_url(url: str) -> str:
+    """Return ``url`` without a trailing slash, or raise UsageError naming what is wrong."""
+    parsed = urllib.parse.urlsplit(url or "")
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise UsageError(f"--url {url!r} is not a service address; expected http://HOST:PORT")
+    try:
+        _ = parsed.port
+    except ValueError:
+        raise UsageError(f"--url {url!r} has a bad port; expected http://HOST:PORT") from None
+    return url.rstrip("/")
+
+
+def _request(method: str, url: str, body: dict | None, timeout: float) -> tuple[int, bytes]:
+    """One HTTP exchange. Returns (status, body); raises OSError when nothing answers."""
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method=method)
+    if data is not None:
+        req.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(req, timeout=max(timeout, 0.05)) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read() or b""
+
+
+def generate(base_url: str, text: str, max_new_tokens: int, timeout: float,
+             ignore_eos: bool = True) -> dict:
+    """Send one greedy ``/generate`` request and return the decoded response.
+
+    The answer has ``text`` and ``meta_info``; raises ServingError when the service does not
+    answer with HTTP 200 and a JSON object.
+    """
+    body = {
+        "text": text,
+        "sampling_params": {"temperature": 0, "max_new_tokens": max_new_tokens, "ignore_eos": ignore_eos},
+    }
+    try:
+        status, raw = _request("POST", base_url + "/generate", body, timeout)
+    except OSError as err:
+        raise ServingError(f"/generate failed: {_reason(err)}") from None
+    if status != 200:
+        snippet = raw[:200].decode(errors="replace").strip()
+        raise ServingError(f"/generate answered HTTP {status}: {snippet}")
+    try:
+        answer = json.loads(raw)
+    except ValueError:
+        raise ServingError("/generate answered something that is not JSON") from None
+    if isinstance(answer, list) and len(answer) == 1:
+        answer = answer[0]
+    if not isinstance(answer, dict) or not isinstance(answer.get("meta_info", {}), dict):
+        raise ServingError("/generate answered JSON without the expected text and meta_info")
+    return answer
+
+
+def _reason(err: BaseException) -> str:
+    """The cause of a failed exchange in a few words ("Connection refused", "timed out")."""
+    if isinstance(err, urllib.error.URLError) and not isinstance(err, urllib.error.HTTPError):
+        err = err.reason if isinstance(err.reason, BaseException) else Exception(str(err.reason))
+    if isinstance(err, TimeoutError):
+        return "timed out"
+    return (err.strerror if isinstance(err, OSError) else None) or str(err) or type(err).__name__
+
+
+def _refused(err: BaseException) -> bool:
+    """True when nothing listens at the address (as opposed to a slow or broken answer)."""
+    if isinstance(err, urllib.error.URLError):
+        err = err.reason
+    return isinstance(err, ConnectionRefusedError)
+
+
+def is_healthy(base_url: str, timeout: float = 5.0) -> bool:
+    """True when ``/health`` answers HTTP 200 (SGLang answers 503 while starting or draining)."""
+    try:
+        status, _ = _request("GET", base_url + "/health", None, timeout)
+    except OSError:
+        return False
+    return status == 200
+
+
+@dataclass
+class WaitResult:
+    ok: bool
+    state: str  # healthy | exited | drained | gone | timeout | no-metrics
+    waited_s: float
+    detail: str = ""
+    in_flight: float | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def unit_state(unit: str) -> str:
+    """systemd's ActiveState of a unit (active, activating, failed, inactive, ...)."""
+    import subprocess
+
+    proc = subprocess.run(["systemctl", "show", "-p", "ActiveState", "-p", "NRestarts", unit],
+                          capture_output=True, text=True, check=False)
+    props = dict(line.split("=", 1) for line in proc.stdout.splitlines() if "=" in line)
+    if props.get("NRestarts", "0") not in ("", "0"):
+        return "restarted"  # it crashed at least once since this start
+    return props.get("ActiveState", "unknown")
+
+
+def wait_healthy(base_url: str, timeout: float, interval: float = 1.0, unit: str | None = None) -> WaitResult:
+    """Poll ``/health`` until it answers 200 or ``timeout`` seconds have passed.
+
+    With ``unit``, give up early when systemd reports the service failed or stopped (a crash at
+    start, a failed CUDA-graph capture): waiting out a 30-minute load timeout would tell nothing more.
+    """
+    start = time.monotonic()
+    while True:
+        if is_healthy(base_url, timeout=min(5.0, max(interval, 1.0))):
+            return WaitResult(True, "healthy", round(time.monotonic() - start, 3), "service is healthy")
+        if unit is not None:
+            state = unit_state(unit)
+            if state in ("failed", "inactive", "restarted"):
+                return WaitResult(False, "exited", round(time.monotonic() - start, 3),
+                                  f"{unit} is {state} before {base_url}/health answered 200 "
+                                  f"(see journalctl -u {unit})")
+        waited = time.monotonic() - start
+        if waited >= timeout:
+            return WaitResult(False, "timeout", round(waited, 3),
+                              f"{base_url}/health did not answer 200 within {timeout:g} s")
+        time.sleep(min(interval, max(timeout - waited, 0.01)))
+
+
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """Sum Prometheus text-format samples by metric name (over all label sets)."""
+    totals: dict[str, float] = {}
+    for line in text.splitlines():
+        m = _SAMPLE.match(line.strip())
+        if not m:
+            continue
+        try:
+            value = float(m.group(3))
+        except ValueError:
+            continue
+        totals[m.group(1)] = totals.get(m.group(1), 0.0) + value
+    return totals
+
+
+def in_flight(base_url: str, timeout: float = 5.0) -> float | None:
+    """Requests the engine still owns (running plus queued), from ``/metrics``.
+
+    Returns None when nothing listens at ``base_url`` (the service is gone). Raises
+    MetricsUnavailable when the service answers but exposes no ``sglang:num_running_reqs``
+    (metrics not enabled: ``--enable-metrics`` is needed for a safe drain), ServingError when
+    the answer is slow or broken.
+    """
+    try:
+        status, raw = _request("GET", base_url + "/metrics", None, timeout)
+    except OSError as err:
+        if _refused(err):
+            return None
+        raise ServingError(f"/metrics failed: {_reason(err)}") from None
+    if status in (404, 405):
+        raise MetricsUnavailable(f"/metrics answered HTTP {status}; start the server with --enable-metrics")
+    if status != 200:
+        raise ServingError(f"/metrics answered HTTP {status}")
+    metrics = parse_metrics(raw.decode(errors="replace"))
+    if IN_FLIGHT_GAUGES[0] not in metrics:
+        raise MetricsUnavailable("/metrics has no sglang:num_running_reqs; start the server with --enable-metrics")
+    return sum(metrics.get(name, 0.0) for name in IN_FLIGHT_GAUGES)
+
+
+def wait_drained(base_url: str, timeout: float, interval: float = 0.5, settle: int = 2) -> WaitResult:
+    """Wait until the engine owns no request or is gone (nothing listens at ``base_url``).
+
+    Drained means ``settle`` consecutive readings of 0, ``interval`` apart, so that a request
+    accepted just before a reading is not missed.
+    """
+    start = time.monotonic()
+    last: float | None = None
+    zeros = 0
+    while True:
+        waited = time.monotonic() - start
+        try:
+            count = in_flight(base_url, timeout=min(5.0, max(timeout - waited, 0.5)))
+        except MetricsUnavailable as err:
+            return WaitResult(False, "no-metrics", round(time.monotonic() - start, 3), str(err), last)
+        except ServingError as err:  # slow or broken answer: try again until the timeout
+            count, detail, zeros = -1.0, str(err), 0
+        else:
+            if count is None:
+                return WaitResult(True, "gone", round(time.monotonic() - start, 3),
+                                  "nothing listens: the service is gone", last)
+            last = count
+            zeros = zeros + 1 if count == 0 else 0
+            if zeros >= settle:
+                return WaitResult(True, "drained", round(time.monotonic() - start, 3),
+                                  "no request in flight", 0.0)
+            detail = f"{count:g} requests still in flight"
+        waited = time.monotonic() - start
+        if waited >= timeout:
+            return WaitResult(False, "timeout", round(waited, 3),
+                              f"not drained within {timeout:g} s: {detail}", last)
+        time.sleep(min(interval, max(timeout - waited, 0.01)))
+
+
+@dataclass
+class WarmupResult:
+    ok: bool
+    requests: int
+    completed: int
+    failed: int
+    wall_s: float
+    errors: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def warmup(base_url: str, requests: int, max_tokens: int, timeout: float = 600.0,
+           prompt: str = WARMUP_PROMPT) -> WarmupResult:
+    """Send ``requests`` greedy requests at once and return when every one has finished.
+
+    Warm-up compiles kernels and captures graphs; a request that fails here fails the warm-up,
+    since the gates would only see the same failure later.
+    """
+    if requests < 1:
+        raise UsageError(f"--requests {requests} must be at least 1")
+    if max_tokens < 1:
+        raise UsageError(f"--max-tokens {max_tokens} must be at least 1")
+    start = time.monotonic()
+    deadline = start + timeout
+    errors: list[str] = []
+    done = [0]
+    lock = threading.Lock()
+
+    def one(i: int) -> None:
+        try:
+            generate(base_url, f"{prompt} (#{i})", max_tokens, max(deadline - time.monotonic(), 0.1))
+        except ServingError as err:
+            with lock:
+                errors.append(str(err))
+        else:
+            with lock:
+                done[0] += 1
+
+    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(requests)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(max(deadline - time.monotonic(), 0))
+    unfinished = sum(t.is_alive() for t in threads)
+    if unfinished:
+        errors.append(f"{unfinished} warm-up requests still running after {timeout:g} s")
+    with lock:
+        completed = done[0]
+    failed = requests - completed
+    return WarmupResult(failed == 0, requests, completed, failed, round(time.monotonic() - start, 3),
+                        sorted(set(errors)))
+
+
+# --- command line -------------------------------------------------------------------------------
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2, no usage dump
+        self.exit(2, f"{self.prog}: {message}\n")
+
+
+def _positive(kind):
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"{text!r} must be greater than 0")
+        return value
+    return parse
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="python -m sgdeploy.serving", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    p = sub.add_parser("wait-healthy", help="wait until /health answers 200")
+    p.add_argument("--timeout", type=_positive(float), required=True, help="seconds")
+    p.add_argument("--interval", type=_positive(float), default=1.0)
+    p.add_argument("--unit", help="systemd unit of the service: stop waiting when it has failed")
+    p = sub.add_parser("wait-drained", help="wait until no request is in flight, or the service is gone")
+    p.add_argument("--timeout", type=_positive(float), required=True, help="seconds")
+    p.add_argument("--interval", type=_positive(float), default=0.5)
+    p = sub.add_parser("warmup", help="send warm-up requests and wait until all have finished")
+    p.add_argument("--requests", type=_positive(int), required=True)
+    p.add_argument("--max-tokens", type=_positive(int), required=True)
+    p.add_argument("--timeout", type=_positive(float), default=600.0, help="seconds (default 600)")
+    for p in sub.choices.values():
+        p.add_argument("--url", required=True, help="http://HOST:PORT of the service")
+        p.add_argument("--json", action="store_true", help="print one JSON object instead of a line")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _build_parser().parse_args(argv)
+    try:
+        url = check_url(args.url)
+        if args.command == "wait-healthy":
+            result = wait_healthy(url, args.timeout, args.interval, unit=args.unit)
+            line = f"{args.command}: {result.detail} ({result.waited_s:.1f} s)"
+        elif args.command == "wait-drained":
+            result = wait_drained(url, args.timeout, args.interval)
+            line = f"{args.command}: {result.detail} ({result.waited_s:.1f} s)"
+        else:
+            result = warmup(url, args.requests, args.max_tokens, args.timeout)
+            line = (f"warmup: {result.completed}/{result.requests} requests finished "
+                    f"in {result.wall_s:.1f} s" + (f"; {'; '.join(result.errors)}" if result.errors else ""))
+    except UsageError as err:
+        print(f"{_build_parser().prog} {args.command}: {err}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps({"command": args.command, "url": url, **result.to_dict()}, sort_keys=True))
+    else:
+        print(line, file=sys.stdout if result.ok else sys.stderr)
+    return 0 if result.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1034 @@
+#!/usr/bin/env python3
+"""SGLang SIMULATOR: test equipment for the lab, never deployed to real hosts.
+
+Started by the rendered systemd unit in place of ``python -m sglang.launch_server`` with the same flags:
+
+    <release>/venv/bin/python /opt/sglang-sim/sglang_sim.py --model-path ... --port ...
+
+It speaks the subset of SGLang's HTTP API that the project uses and produces acceptance lengths and
+throughput from a model of speculative decoding (see README.md next to this file). It learns which patch
+features its release carries (ddtree, fork, topk) from the installed ``sglang`` distribution's version,
+never from a flag. Standard library only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib.metadata
+import json
+import math
+import os
+import queue
+import random
+import re
+import signal
+import socket
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+PROG = "sglang_sim"
+BASE_VERSION = "0.5.23"
+KNOWN_FEATURES = ("ddtree", "fork", "topk")
+DEFAULT_CONTEXT_LEN = 32768
+
+# ---------------------------------------------------------------------------------------------------------
+# Acceptance and step-time model (documented with its field anchors in README.md)
+# ---------------------------------------------------------------------------------------------------------
+
+AR_STEP_MS = 37.0  # autoregressive decode step: 173.4 tok/s was 6.5x autoregressive -> ~26.7 tok/s
+SPEC_BASE_MS = 48.1  # fixed part of a speculative step: target verify pass + drafter forward
+NODE_MS = 0.02  # per verified tree node (tree attention over the extra positions)
+ACCEPT_MS = 1.16  # per accepted token (drafter conditions on the accepted tokens' hidden states, commit)
+TOPK_DEPTH_MS = 1.4  # one full lm_head pass (248k x 5120 bf16 at 1.8 TB/s); unfused: one per tree depth
+BATCH_FACTOR = 0.03  # step time grows 3% per extra running request
+PREFILL_BASE_MS = 12.0
+PREFILL_TOKEN_MS = 0.05
+
+DFLASH_TOKEN_P = 0.86  # DFlash chain: probability that a drafted position is accepted given its parent was
+TREE_TAU = 4.8  # DDTree: budget scale over which the tree closes the gap to the block-size ceiling
+TREE_HEADROOM = 0.1  # the ceiling of the mean accept length is block_size - headroom
+TOPK_BASE = 0.6  # top-k cap factor g(K) = 1 - TOPK_BASE**K  (K=1 is a chain: about DFlash)
+DEFAULT_TOPK_CAP = 8
+COLLAPSE_FLOOR = 0.18  # without forking on a recurrent model, the share of the gain that survives...
+COLLAPSE_POWER = 1.6  # ...plus a part decaying as ((block_size - 1) / budget) ** power
+NOISE_REL = 0.12  # per-step noise: sd = NOISE_REL * mean, bounded by half the distance to 1 and the cap
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    algorithm: str = "NONE"  # NONE, DFLASH, DDTREE
+    block_size: int = 16
+    budget: int = 15
+    topk_cap: int = DEFAULT_TOPK_CAP
+    hybrid: bool = False  # target has recurrent (GDN/Mamba) layers
+    fork: bool = False  # release has tree-aware state forking
+    fused_topk: bool = False  # release has the fused per-depth top-k
+
+    @property
+    def cap(self) -> int:
+        """Most tokens one step can yield."""
+        if self.algorithm == "NONE":
+            return 1
+        if self.algorithm == "DFLASH":
+            return self.block_size
+        return min(self.block_size, self.budget + 1)
+
+    @property
+    def nodes(self) -> int:
+        """Positions the target verifies per request per step."""
+        if self.algorithm == "NONE":
+            return 1
+        if self.algorithm == "DFLASH":
+            return self.block_size
+        return self.budget + 1
+
+    @property
+    def collapses(self) -> bool:
+        return (self.algorithm == "DDTREE" and self.hybrid and not self.fork
+                and self.budget > self.block_size - 1)
+
+
+def mean_accept(cfg: SpecConfig) -> float:
+    """Mean accepted tokens per verify step (bonus token included)."""
+    if cfg.algorithm == "NONE":
+        return 1.0
+    if cfg.algorithm == "DFLASH":
+        p = DFLASH_TOKEN_P
+        return (1.0 - p ** cfg.block_size) / (1.0 - p)
+    gain = (cfg.block_size - TREE_HEADROOM - 1.0) * (1.0 - TOPK_BASE ** cfg.topk_cap)
+    clean = 1.0 + gain * (1.0 - math.exp(-cfg.budget / TREE_TAU))
+    if cfg.collapses:
+        decay = ((cfg.block_size - 1) / cfg.budget) ** COLLAPSE_POWER
+        share = COLLAPSE_FLOOR + (1.0 - COLLAPSE_FLOOR) * decay
+        clean = 1.0 + (clean - 1.0) * share
+    return min(clean, float(cfg.cap))
+
+
+def step_ms(cfg: SpecConfig, accepted: float, batch: int = 1) -> float:
+    """Model time of one decode step for a batch of `batch` requests accepting `accepted` tokens each."""
+    if cfg.algorithm == "NONE":
+        ms = AR_STEP_MS
+    else:
+        ms = SPEC_BASE_MS + NODE_MS * cfg.nodes + ACCEPT_MS * accepted
+        if cfg.algorithm == "DDTREE" and not cfg.fused_topk:
+            ms += TOPK_DEPTH_MS * (cfg.block_size - 1)
+        else:
+            ms += TOPK_DEPTH_MS
+    return ms * (1.0 + BATCH_FACTOR * (max(1, batch) - 1))
+
+
+def expected_tokens_per_s(cfg: SpecConfig) -> float:
+    acc = mean_accept(cfg)
+    return acc * 1000.0 / step_ms(cfg, acc)
+
+
+def draw_accept(rng: random.Random, mean: float, cap: int) -> int:
+    """One step's accepted tokens: mean plus small bounded noise, stochastically rounded (mean-preserving)."""
+    if cap <= 1:
+        return 1
+    sd = min(NOISE_REL * mean, 0.5 * (mean - 1.0), 0.5 * (cap - mean))
+    x = rng.gauss(mean, sd) if sd > 0 else mean
+    x = min(float(cap), max(1.0, x))
+    k = int(x)
+    if rng.random() < x - k:
+        k += 1
+    return max(1, min(cap, k))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Logging, release and model introspection
+# ---------------------------------------------------------------------------------------------------------
+
+_log_lock = threading.Lock()
+
+
+def log(msg: str) -> None:
+    line = f"[{time.strftime('%Y-%m-%d %H:%M:%S')}] {msg}\n"
+    with _log_lock:
+        sys.stderr.write(line)
+        sys.stderr.flush()
+
+
+def release_features() -> tuple[str | None, set[str]]:
+    """The installed sglang version and the patch features its local label names."""
+    try:
+        version = importlib.metadata.version("sglang")
+    except importlib.metadata.PackageNotFoundError:
+        log("WARNING: no sglang distribution installed in this environment; simulating a stock release")
+        return None, set()
+    local = version.split("+", 1)[1] if "+" in version else "stock"
+    segments = [s for s in local.split(".") if s]
+    features = {s for s in segments if s in KNOWN_FEATURES}
+    unknown = [s for s in segments if s not in KNOWN_FEATURES and s != "stock"
+               and not re.fullmatch(r"[0-9a-f]{8}", s)]
+    if unknown:
+        log(f"WARNING: release label {local!r} has unknown segments {unknown}; ignoring them")
+    return version, features
+
+
+HYBRID_MODEL_TYPES = {"qwen3_next", "qwen3_5", "qwen3_5_moe", "qwen3_5_text", "qwen3_6", "qwen3_6_moe",
+                      "mamba", "mamba2", "jamba", "nemotron_h", "falcon_h1", "bamba", "zamba2"}
+HYBRID_KEY_MARKERS = ("linear_attn", "linear_attention", "linear_conv", "linear_num_", "linear_key_",
+                      "linear_value_", "mamba", "ssm_")
+HYBRID_NAME_RE = re.compile(r"qwen3[._-]?(5|6)\b|qwen3[._-]?(5|6)[._-]|qwen3[._-]?next", re.IGNORECASE)
+
+
+class StartupError(Exception):
+    """A failure during start-up: logged as one line, exit 1."""
+
+
+def _config_is_hybrid(cfg: object) -> bool:
+    if isinstance(cfg, dict):
+        model_type = str(cfg.get("model_type", "")).lower()
+        if model_type in HYBRID_MODEL_TYPES:
+            return True
+        for key, value in cfg.items():
+            k = str(key).lower()
+            if any(m in k for m in HYBRID_KEY_MARKERS):
+                return True
+            if k in ("layer_types", "layers_block_type", "hybrid_override_pattern"):
+                text = json.dumps(value).lower()
+                if "linear" in text or "mamba" in text:
+                    return True
+            if isinstance(value, dict) and _config_is_hybrid(value):
+                return True
+    return False
+
+
+def model_is_hybrid(model_path: str) -> tuple[bool, str]:
+    """Whether the target has recurrent layers, and how that was decided."""
+    path = Path(model_path)
+    config = path / "config.json"
+    if path.is_dir() and config.is_file():
+        try:
+            cfg = json.loads(config.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise StartupError(f"cannot read model config {config}: {exc}") from None
+        return _config_is_hybrid(cfg), str(config)
+    if path.is_dir():
+        raise StartupError(f"model path {model_path} is a folder without config.json")
+    return bool(HYBRID_NAME_RE.search(model_path)), "model name"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Command line
+# ---------------------------------------------------------------------------------------------------------
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, argparse-like, exit 2
+        sys.stderr.write(f"{self.prog}: error: {message}\n")
+        sys.exit(2)
+
+
+def build_parser(has_ddtree: bool) -> Parser:
+    p = Parser(prog=PROG, allow_abbrev=False,
+               description="SGLang simulator (test equipment); takes sglang.launch_server's flags")
+    p.add_argument("--model-path", required=True)
+    p.add_argument("--served-model-name")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=30000)
+    p.add_argument("--tp-size", "--tp", dest="tp_size", type=int, default=1)
+    p.add_argument("--speculative-algorithm", default=None)
+    p.add_argument("--speculative-draft-model-path")
+    p.add_argument("--speculative-dflash-block-size", type=int, default=None)
+    if has_ddtree:
+        p.add_argument("--speculative-ddtree-budget", type=int, default=None)
+        p.add_argument("--speculative-ddtree-topk-cap", type=int, default=None)
+    p.add_argument("--attention-backend")
+    p.add_argument("--mem-fraction-static", type=float)
+    p.add_argument("--context-length", type=int)
+    p.add_argument("--trust-remote-code", action="store_true")
+    p.add_argument("--enable-metrics", action="store_true")
+    p.add_argument("--log-level", default="info")
+    return p
+
+
+def _check_range(parser: Parser, flag: str, value, lo, hi) -> None:
+    if value is not None and not (lo <= value <= hi):
+        parser.error(f"argument {flag}: invalid value {value}: must be between {lo} and {hi}")
+
+
+def parse_args(argv: list[str], version: str | None, features: set[str]) -> argparse.Namespace:
+    has_ddtree = "ddtree" in features
+    parser = build_parser(has_ddtree)
+    args, unknown = parser.parse_known_args(argv)
+    release = f"sglang {version}" if version else "sglang (not installed, treated as stock)"
+    ddtree_flags = [u.split("=", 1)[0] for u in unknown if u.startswith("--speculative-ddtree")]
+    if ddtree_flags:
+        parser.error(f"unrecognized arguments: {' '.join(ddtree_flags)} "
+                     f"({release} is built without the ddtree patch)")
+    if unknown:
+        log(f"WARNING: ignoring unknown arguments (not simulated): {' '.join(unknown)}")
+    allowed = ["NONE", "DFLASH"] + (["DDTREE"] if has_ddtree else [])
+    algo = (args.speculative_algorithm or "NONE").upper()
+    if algo not in allowed:
+        extra = "" if algo != "DDTREE" else f"; {release} is built without the ddtree patch"
+        parser.error(f"argument --speculative-algorithm: invalid choice: {args.speculative_algorithm!r} "
+                     f"(choose from {', '.join(allowed)}{extra})")
+    args.speculative_algorithm = algo
+    _check_range(parser, "--port", args.port, 1, 65535)
+    _check_range(parser, "--tp-size", args.tp_size, 1, 64)
+    _check_range(parser, "--speculative-dflash-block-size", args.speculative_dflash_block_size, 2, 64)
+    _check_range(parser, "--context-length", args.context_length, 16, 10_000_000)
+    if args.mem_fraction_static is not None and not (0.0 < args.mem_fraction_static <= 1.0):
+        parser.error(f"argument --mem-fraction-static: invalid value {args.mem_fraction_static}: "
+                     "must be in (0, 1]")
+    if not has_ddtree:
+        args.speculative_ddtree_budget = None
+        args.speculative_ddtree_topk_cap = None
+    _check_range(parser, "--speculative-ddtree-budget", args.speculative_ddtree_budget, 1, 4096)
+    _check_range(parser, "--speculative-ddtree-topk-cap", args.speculative_ddtree_topk_cap, 1, 256)
+    if algo != "NONE" and not args.speculative_draft_model_path:
+        parser.error(f"argument --speculative-draft-model-path: required with --speculative-algorithm {algo}")
+    if algo != "NONE" and args.speculative_dflash_block_size is None:
+        args.speculative_dflash_block_size = 16
+    if algo == "DDTREE":
+        if args.speculative_ddtree_budget is None:
+            args.speculative_ddtree_budget = 15
+        if args.speculative_ddtree_topk_cap is None:
+            args.speculative_ddtree_topk_cap = DEFAULT_TOPK_CAP
+    if not args.served_model_name:
+        args.served_model_name = args.model_path
+    return args
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Simulated engine: one step loop shared by all running requests
+# ---------------------------------------------------------------------------------------------------------
+
+WORDS = ("the", "model", "drafts", "a", "tree", "of", "tokens", "and", "verifies", "it", "in", "one",
+         "pass", "state", "block", "budget", "accepts", "path", "server", "decode", "step", "batch",
+         "cache", "layer", "attention", "recurrent", "fork", "kernel", "graph", "warm", "gate", "release",
+         "speculative", "draft", "target", "sequence", "length", "node", "depth", "sibling", "parent",
+         "child", "commit", "window", "conv", "head", "vocab", "rank", "fused", "shard", "host", "unit",
+         "deploy", "rollback", "record", "sweep", "measure", "throughput", "latency", "signal", "drain",
+         "port", "health", "ready")
+
+
+def prompt_tokens(text: str) -> int:
+    return max(1, len(re.findall(r"\w+|[^\w\s]", text)))
+
+
+def greedy_words(prompt: str, n: int) -> list[str]:
+    seed = hashlib.sha256(prompt.encode("utf-8")).digest()
+    out = []
+    for i in range(n):
+        h = hashlib.sha256(seed + i.to_bytes(4, "little")).digest()
+        out.append(WORDS[int.from_bytes(h[:4], "little") % len(WORDS)])
+    return out
+
+
+class Request:
+    def __init__(self, prompt: str, max_new: int, greedy: bool, seed: int, sample_rng: random.Random,
+                 stream: bool):
+        self.prompt = prompt
+        self.prompt_tokens = prompt_tokens(prompt)
+        self.max_new = max_new
+        self.id = uuid.uuid4().hex
+        if greedy:
+            self.rng = random.Random(f"{seed}:{max_new}:{prompt}")
+            self.words = greedy_words(prompt, max_new)
+        else:
+            self.rng = random.Random(sample_rng.random())
+            self.words = [self.rng.choice(WORDS) for _ in range(max_new)]
+        self.generated = 0
+        self.verify_ct = 0
+        self.prefilled = False
+        self.start = time.monotonic()
+        self.end: float | None = None
+        self.done = threading.Event()
+        self.updates: queue.Queue | None = queue.Queue() if stream else None
+
+    @property
+    def remaining(self) -> int:
+        return self.max_new - self.generated
+
+    def text(self, upto: int | None = None) -> str:
+        n = self.generated if upto is None else upto
+        return "".join(" " + w for w in self.words[:n])
+
+    def advance(self, k: int, verify: bool) -> None:
+        self.generated += k
+        if verify:
+            self.verify_ct += 1
+        if self.updates is not None:
+            self.updates.put(self.generated)
+
+    def finish(self) -> None:
+        self.end = time.monotonic()
+        self.done.set()
+        if self.updates is not None:
+            self.updates.put(None)
+
+
+class Engine:
+    LOG_INTERVAL = 40  # decode steps between "Decode batch" lines, as SGLang's decode_log_interval
+
+    def __init__(self, cfg: SpecConfig, accept_mean: float, slowdown: float, seed: int):
+        self.cfg = cfg
+        self.accept_mean = accept_mean
+        self.slowdown = slowdown
+        self.seed = seed
+        self.sample_rng = random.Random(seed)
+        self.cv = threading.Condition()
+        self.reqs: list[Request] = []
+        # statistics
+        self.cum_accept = 0
+        self.cum_verify = 0
+        self.gen_tokens_total = 0
+        self.prompt_tokens_total = 0
+        self.requests_total = 0
+        self.gen_throughput = 0.0
+        self.spec_accept_length = 0.0
+        self._win_tokens = 0
+        self._win_accept = 0
+        self._win_verify = 0
+        self._win_steps = 0
+        self._win_start = time.monotonic()
+        threading.Thread(target=self._loop, name="scheduler", daemon=True).start()
+
+    def new_request(self, prompt: str, max_new: int, greedy: bool, stream: bool) -> Request:
+        with self.cv:
+            return Request(prompt, max_new, greedy, self.seed, self.sample_rng, stream)
+
+    def submit(self, req: Request) -> None:
+        with self.cv:
+            self.requests_total += 1
+            self.prompt_tokens_total += req.prompt_tokens
+            if req.max_new <= 0:
+                req.prefilled = True
+                req.finish()
+                return
+            self.reqs.append(req)
+            self.cv.notify_all()
+
+    @property
+    def running(self) -> int:
+        with self.cv:
+            return len(self.reqs)
+
+    def _sleep(self, ms: float) -> None:
+        time.sleep(ms * self.slowdown / 1000.0)
+
+    def _loop(self) -> None:
+        while True:
+            with self.cv:
+                while not self.reqs:
+                    self.cv.wait()
+                batch = list(self.reqs)
+                if self._win_steps == 0 and self._win_tokens == 0:  # interval starts with work, not idle
+                    self._win_start = time.monotonic()
+            new = [r for r in batch if not r.prefilled]
+            if new:  # prefill batch: yields each new request's first token
+                self._sleep(PREFILL_BASE_MS + PREFILL_TOKEN_MS * sum(r.prompt_tokens for r in new))
+                with self.cv:
+                    for r in new:
+                        r.prefilled = True
+                        r.advance(1, verify=False)
+                        self.gen_tokens_total += 1
+                        self._win_tokens += 1
+                    self._retire(new)
+                continue
+            cap = self.cfg.cap
+            draws = [draw_accept(r.rng, self.accept_mean, cap) for r in batch]
+            self._sleep(step_ms(self.cfg, sum(draws) / len(draws), len(batch)))
+            with self.cv:
+                for r, k in zip(batch, draws, strict=True):
+                    k = min(k, r.remaining)
+                    spec = self.cfg.algorithm != "NONE"
+                    r.advance(k, verify=spec)
+                    self.gen_tokens_total += k
+                    self._win_tokens += k
+                    if spec:
+                        self.cum_accept += k
+                        self.cum_verify += 1
+                        self._win_accept += k
+                        self._win_verify += 1
+                self._win_steps += 1
+                self._retire(batch)
+                if self._win_steps >= self.LOG_INTERVAL or not self.reqs:
+                    self._close_window(len(batch))
+
+    def _retire(self, batch: list[Request]) -> None:
+        for r in batch:
+            if r.remaining <= 0:
+                self.reqs.remove(r)
+                r.finish()
+
+    def _close_window(self, running: int) -> None:
+        now = time.monotonic()
+        elapsed = max(now - self._win_start, 1e-6)
+        self.gen_throughput = self._win_tokens / elapsed
+        if self._win_verify:
+            self.spec_accept_length = self._win_accept / self._win_verify
+        msg = (f"Decode batch. #running-req: {running}, #token: {self._win_tokens}, "
+               f"gen throughput (token/s): {self.gen_throughput:.2f}, #queue-req: 0")
+        if self.cfg.algorithm != "NONE":
+            msg += f", accept len: {self.spec_accept_length:.2f}"
+        log(msg)
+        self._win_tokens = self._win_accept = self._win_verify = self._win_steps = 0
+        self._win_start = now
+
+    def avg_spec_accept_length(self) -> float | None:
+        with self.cv:
+            if self.cfg.algorithm == "NONE" or self.cum_verify == 0:
+                return None
+            return self.cum_accept / self.cum_verify
+
+
+# ---------------------------------------------------------------------------------------------------------
+# HTTP server
+# ---------------------------------------------------------------------------------------------------------
+
+
+class BadRequest(Exception):
+    pass
+
+
+def env_float(name: str, default: float, lo: float = 0.0) -> float:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise StartupError(f"{name}={raw!r} is not a number (allowed: a number >= {lo})") from None
+    if not math.isfinite(value) or value < lo:
+        raise StartupError(f"{name}={raw!r} is out of range (allowed: a number >= {lo})")
+    return value
+
+
+def env_int(name: str, default: int | None, lo: int = 0) -> int | None:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    if not re.fullmatch(r"\d+", raw.strip()) or int(raw) < lo:
+        raise StartupError(f"{name}={raw!r} is not allowed (allowed: an integer >= {lo})")
+    return int(raw)
+
+
+def env_flag(name: str) -> bool:
+    raw = os.environ.get(name, "").strip().lower()
+    if raw in ("", "0", "false", "no", "off"):
+        return False
+    if raw in ("1", "true", "yes", "on"):
+        return True
+    raise StartupError(f"{name}={raw!r} is not allowed (allowed: 1/0, true/false, yes/no, on/off)")
+
+
+class Sim:
+    """Server state shared by the handlers and the main thread."""
+
+    def __init__(self, args: argparse.Namespace, version: str | None, features: set[str], hybrid: bool,
+                 hybrid_source: str, crash_after: int | None, accept_override: float | None,
+                 engine: Engine):
+        self.args = args
+        self.version = version
+        self.features = features
+        self.hybrid = hybrid
+        self.hybrid_source = hybrid_source
+        self.crash_after = crash_after
+        self.accept_override = accept_override
+        self.engine = engine
+        self.state = "loading"  # loading, ready, draining
+        self.lock = threading.Lock()
+        self.inflight = 0
+        self.completed = 0
+        self.created = int(time.time())
+
+    def admit(self) -> str | None:
+        with self.lock:
+            if self.state != "ready":
+                return self.state
+            self.inflight += 1
+            return None
+
+    def release(self, completed: bool) -> None:
+        crash = False
+        with self.lock:
+            self.inflight -= 1
+            if completed:
+                self.completed += 1
+                crash = self.crash_after is not None and self.completed >= self.crash_after
+        if crash:
+            log(f"ERROR: Scheduler hit an exception: simulated crash after {self.completed} completed "
+                f"requests (SGLANG_SIM_CRASH_AFTER={self.crash_after}); exiting abruptly")
+            os._exit(1)
+
+    def server_info(self) -> dict:
+        a = self.args
+        info = {
+            "model_path": a.model_path,
+            "served_model_name": a.served_model_name,
+            "host": a.host,
+            "port": a.port,
+            "tp_size": a.tp_size,
+            "speculative_algorithm": None if a.speculative_algorithm == "NONE" else a.speculative_algorithm,
+            "speculative_draft_model_path": a.speculative_draft_model_path,
+            "speculative_dflash_block_size": a.speculative_dflash_block_size,
+            "speculative_ddtree_budget": a.speculative_ddtree_budget,
+            "speculative_ddtree_topk_cap": a.speculative_ddtree_topk_cap,
+            "attention_backend": a.attention_backend,
+            "mem_fraction_static": a.mem_fraction_static,
+            "context_length": a.context_length or DEFAULT_CONTEXT_LEN,
+            "trust_remote_code": a.trust_remote_code,
+            "enable_metrics": a.enable_metrics,
+            "version": self.version or "unknown",
+            "simulator": {
+                "name": "sglang_sim (test equipment)",
+                "features": sorted(self.features),
+                "hybrid_model": self.hybrid,
+                "hybrid_source": self.hybrid_source,
+                "state_forking": "fork" in self.features,
+                "fused_topk": "topk" in self.features,
+                "model_mean_accept_length": round(self.engine.accept_mean, 4),
+                "accept_override": self.accept_override,
+            },
+        }
+        state: dict = {"last_gen_throughput": round(self.engine.gen_throughput, 3)}
+        avg = self.engine.avg_spec_accept_length()
+        if avg is not None:
+            state["avg_spec_accept_length"] = round(avg, 4)
+        info["internal_states"] = [state]
+        return info
+
+    def metrics(self) -> str:
+        e = self.engine
+        name = self.args.served_model_name.replace("\\", "\\\\").replace('"', '\\"')
+        label = '{model_name="' + name + '"}'
+        with e.cv:
+            running = len(e.reqs)
+            rows = [
+                ("sglang:num_running_reqs", "gauge", "The number of running requests.", running),
+                ("sglang:num_queue_reqs", "gauge", "The number of requests in the waiting queue.", 0),
+                ("sglang:gen_throughput", "gauge", "The generation throughput (token/s).", e.gen_throughput),
+                ("sglang:spec_accept_length", "gauge", "The average acceptance length of speculative "
+                 "decoding (latest interval).", e.spec_accept_length),
+                ("sglang:num_requests_total", "counter", "Number of requests processed.", e.requests_total),
+                ("sglang:prompt_tokens_total", "counter", "Number of prefill tokens processed.",
+                 e.prompt_tokens_total),
+                ("sglang:generation_tokens_total", "counter", "Number of generation tokens processed.",
+                 e.gen_tokens_total),
+                ("sglang:spec_verify_ct_total", "counter", "Number of speculative verify steps.",
+                 e.cum_verify),
+            ]
+        out = []
+        for name, kind, help_text, value in rows:
+            out.append(f"# HELP {name} {help_text}")
+            out.append(f"# TYPE {name} {kind}")
+            out.append(f"{name}{label} {float(value)}")
+        return "\n".join(out) + "\n"
+
+
+def _number(body: dict, key: str, default, kind, lo, hi=None):
+    value = body.get(key, default)
+    if value is None:
+        value = default
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if kind is int:
+        ok = ok and float(value).is_integer()
+    if not ok or value < lo or (hi is not None and value > hi):
+        allowed = f"{'an integer' if kind is int else 'a number'} >= {lo}" + (f" and <= {hi}" if hi else "")
+        raise BadRequest(f"{key}={value!r} is not allowed (allowed: {allowed})")
+    return kind(value)
+
+
+class Handler(BaseHTTPRequestHandler):
+    server_version = "sglang_sim/" + BASE_VERSION
+    sim: Sim  # set on the class by make_handler
+
+    def log_message(self, format, *args):  # noqa: A002 - BaseHTTPRequestHandler's signature
+        log(f'{self.client_address[0]}:{self.client_address[1]} - "{self.requestline}" {args[1]}'
+            if len(args) >= 2 else format % args)
+
+    # -- helpers --------------------------------------------------------------------------------------
+    def _send(self, code: int, payload, content_type: str = "application/json") -> None:
+        data = payload if isinstance(payload, bytes) else (
+            payload.encode() if isinstance(payload, str) else json.dumps(payload).encode())
+        self.send_response(code)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _error(self, code: int, message: str) -> None:
+        self._send(code, {"error": {"message": message, "code": code}, "object": "error", "message": message})
+
+    def _unavailable(self, state: str) -> None:
+        why = {"loading": "the server is still loading the model",
+               "draining": "the server is shutting down and not admitting new requests"}[state]
+        self._error(503, why)
+
+    def _body(self) -> dict:
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length > 0 else b""
+        try:
+            body = json.loads(raw or b"null")
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise BadRequest(f"request body is not valid JSON: {exc}") from None
+        if not isinstance(body, dict):
+            raise BadRequest("request body must be a JSON object")
+        return body
+
+    def _sse_start(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.end_headers()
+
+    def _sse(self, payload) -> None:
+        data = payload if isinstance(payload, str) else json.dumps(payload)
+        self.wfile.write(f"data: {data}\n\n".encode())
+        self.wfile.flush()
+
+    # -- routing --------------------------------------------------------------------------------------
+    def do_GET(self):  # noqa: N802
+        sim = self.sim
+        path = self.path.split("?", 1)[0]
+        if path == "/health":
+            if sim.state == "ready":
+                self._send(200, b"", "text/plain")
+            else:
+                self._unavailable(sim.state)
+        elif path == "/health_generate":
+            self._health_generate()
+        elif path in ("/get_server_info", "/server_info"):
+            self._send(200, sim.server_info())
+        elif path in ("/get_model_info", "/model_info"):
+            self._send(200, {"model_path": sim.args.model_path, "tokenizer_path": sim.args.model_path,
+                             "is_generation": True, "served_model_name": sim.args.served_model_name})
+        elif path == "/v1/models":
+            self._send(200, {"object": "list", "data": [{
+                "id": sim.args.served_model_name, "object": "model", "created": sim.created,
+                "owned_by": "sglang", "root": sim.args.model_path,
+                "max_model_len": sim.args.context_length or DEFAULT_CONTEXT_LEN}]})
+        elif path == "/metrics":
+            if not sim.args.enable_metrics:
+                self._error(404, "metrics are disabled: start the server with --enable-metrics")
+            else:
+                self._send(200, sim.metrics(), "text/plain; version=0.0.4; charset=utf-8")
+        else:
+            self._error(404, f"no such endpoint: GET {path}")
+
+    def do_POST(self):  # noqa: N802
+        path = self.path.split("?", 1)[0]
+        routes = {"/generate": self._generate, "/v1/completions": self._completions,
+                  "/v1/chat/completions": self._chat}
+        handler = routes.get(path)
+        if handler is None:
+            self._error(404, f"no such endpoint: POST {path}")
+            return
+        try:
+            body = self._body()
+        except BadRequest as exc:
+            self._error(400, str(exc))
+            return
+        state = self.sim.admit()
+        if state is not None:
+            self._unavailable(state)
+            return
+        completed = False
+        try:
+            handler(body)
+            completed = True
+        except BadRequest as exc:
+            self._error(400, str(exc))
+        except (BrokenPipeError, ConnectionResetError):
+            log(f"WARNING: client went away during POST {path}")
+        finally:
+            self.sim.release(completed)
+
+    # -- endpoints ------------------------------------------------------------------------------------
+    def _health_generate(self) -> None:
+        state = self.sim.admit()
+        if state is not None:
+            self._unavailable(state)
+            return
+        try:
+            req = self.sim.engine.new_request("health", 1, True, False)
+            self.sim.engine.submit(req)
+            req.done.wait()
+            self._send(200, b"", "text/plain")
+        finally:
+            self.sim.release(False)
+
+    def _run(self, prompts: list[str], max_new: int, greedy: bool, stream: bool) -> list[Request]:
+        reqs = [self.sim.engine.new_request(p, max_new, greedy, stream) for p in prompts]
+        for r in reqs:
+            self.sim.engine.submit(r)
+        return reqs
+
+    def _meta(self, r: Request) -> dict:
+        end = r.end if r.end is not None else time.monotonic()
+        meta = {"id": r.id, "prompt_tokens": r.prompt_tokens, "completion_tokens": r.generated,
+                "cached_tokens": 0, "e2e_latency": round(end - r.start, 6)}
+        if r.done.is_set():
+            meta["finish_reason"] = {"type": "length", "length": r.max_new}
+        else:
+            meta["finish_reason"] = None
+        if self.sim.args.speculative_algorithm != "NONE":
+            meta["spec_verify_ct"] = r.verify_ct
+            if r.verify_ct:
+                meta["spec_accept_length"] = round(r.generated / r.verify_ct, 6)
+        return meta
+
+    @staticmethod
+    def _sampling(body: dict, max_key: str, max_default: int, temp_default: float) -> tuple[int, bool]:
+        max_new = _number(body, max_key, max_default, int, 0, DEFAULT_CONTEXT_LEN)
+        temperature = _number(body, "temperature", temp_default, float, 0.0, 2.0)
+        return max_new, temperature == 0.0
+
+    def _generate(self, body: dict) -> None:
+        text = body.get("text")
+        single = isinstance(text, str)
+        if not single and not (isinstance(text, list) and text and all(isinstance(t, str) for t in text)):
+            raise BadRequest("text must be a string or a non-empty list of strings")
+        sp = body.get("sampling_params") or {}
+        if not isinstance(sp, dict):
+            raise BadRequest("sampling_params must be a JSON object")
+        max_new, greedy = self._sampling(sp, "max_new_tokens", 128, 1.0)
+        stream = bool(body.get("stream", False))
+        reqs = self._run([text] if single else text, max_new, greedy, stream)
+        if not stream:
+            for r in reqs:
+                r.done.wait()
+            out = [{"text": r.text(), "meta_info": self._meta(r)} for r in reqs]
+            self._send(200, out[0] if single else out)
+            return
+        self._sse_start()
+        for i, r in enumerate(reqs):
+            while (n := r.updates.get()) is not None:
+                item = {"text": r.text(n), "meta_info": self._meta(r), "index": i}
+                item["meta_info"]["completion_tokens"] = n
+                self._sse(item)
+            self._sse({"text": r.text(), "meta_info": self._meta(r), "index": i})
+        self._sse("[DONE]")
+
+    def _completions(self, body: dict) -> None:
+        prompt = body.get("prompt")
+        if isinstance(prompt, str):
+            prompts = [prompt]
+        elif isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
+            prompts = prompt
+        else:
+            raise BadRequest("prompt must be a string or a non-empty list of strings")
+        max_new, greedy = self._sampling(body, "max_tokens", 16, 1.0)
+        stream = bool(body.get("stream", False))
+        model = self.sim.args.served_model_name
+        cid = "cmpl-" + uuid.uuid4().hex
+        reqs = self._run(prompts, max_new, greedy, stream)
+        if not stream:
+            for r in reqs:
+                r.done.wait()
+            self._send(200, {
+                "id": cid, "object": "text_completion", "created": int(time.time()), "model": model,
+                "choices": [{"index": i, "text": r.text(), "logprobs": None, "finish_reason": "length",
+                             "matched_stop": None} for i, r in enumerate(reqs)],
+                "usage": self._usage(reqs)})
+            return
+        self._sse_start()
+        for i, r in enumerate(reqs):
+            sent = 0
+            while (n := r.updates.get()) is not None:
+                chunk = r.text(n)[len(r.text(sent)):]
+                self._sse({"id": cid, "object": "text_completion", "created": int(time.time()),
+                           "model": model, "choices": [{"index": i, "text": chunk, "logprobs": None,
+                                                        "finish_reason": None}]})
+                sent = n
+            self._sse({"id": cid, "object": "text_completion", "created": int(time.time()), "model": model,
+                       "choices": [{"index": i, "text": "", "logprobs": None, "finish_reason": "length"}]})
+        self._stream_usage(body, {"id": cid, "object": "text_completion", "created": int(time.time()),
+                                  "model": model, "choices": []}, reqs)
+        self._sse("[DONE]")
+
+    def _chat(self, body: dict) -> None:
+        messages = body.get("messages")
+        if not (isinstance(messages, list) and messages and all(
+                isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages)):
+            raise BadRequest("messages must be a non-empty list of {role, content} objects")
+        parts = []
+        for m in messages:
+            content = m.get("content", "")
+            if isinstance(content, list):
+                content = " ".join(c.get("text", "") for c in content if isinstance(c, dict))
+            parts.append(f"<|im_start|>{m['role']}\n{content}<|im_end|>")
+        prompt = "\n".join(parts) + "\n<|im_start|>assistant\n"
+        key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+        max_new, greedy = self._sampling(body, key, 128, 1.0)
+        stream = bool(body.get("stream", False))
+        model = self.sim.args.served_model_name
+        cid = "chatcmpl-" + uuid.uuid4().hex
+        (r,) = self._run([prompt], max_new, greedy, stream)
+        if not stream:
+            r.done.wait()
+            self._send(200, {
+                "id": cid, "object": "chat.completion", "created": int(time.time()), "model": model,
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": r.text().lstrip()},
+                             "logprobs": None, "finish_reason": "length", "matched_stop": None}],
+                "usage": self._usage([r])})
+            return
+        self._sse_start()
+        base = {"id": cid, "object": "chat.completion.chunk", "created": int(time.time()), "model": model}
+        self._sse({**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                        "finish_reason": None}]})
+        sent = 0
+        while (n := r.updates.get()) is not None:
+            delta = r.text(n).lstrip()[len(r.text(sent).lstrip()):]
+            self._sse({**base, "choices": [{"index": 0, "delta": {"content": delta}, "finish_reason": None}]})
+            sent = n
+        self._sse({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]})
+        self._stream_usage(body, {**base, "choices": []}, [r])
+        self._sse("[DONE]")
+
+    @staticmethod
+    def _usage(reqs: list[Request]) -> dict:
+        p = sum(r.prompt_tokens for r in reqs)
+        c = sum(r.generated for r in reqs)
+        return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+
+    def _stream_usage(self, body: dict, base: dict, reqs: list[Request]) -> None:
+        opts = body.get("stream_options")
+        if isinstance(opts, dict) and opts.get("include_usage"):
+            self._sse({**base, "usage": self._usage(reqs)})
+
+
+class Server(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 128
+    allow_reuse_address = True  # SO_REUSEADDR: TIME_WAIT leftovers do not block a restart; a listener does
+
+
+def make_server(host: str, port: int, sim_holder: type) -> Server:
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise StartupError(f"cannot resolve --host {host!r}: {exc.strerror}") from None
+    Server.address_family = infos[0][0]
+    try:
+        return Server((host, port), sim_holder)
+    except OSError as exc:
+        if exc.errno == 98 or "in use" in str(exc).lower():
+            raise StartupError(f"port {host}:{port} is already in use") from None
+        raise StartupError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Main: bind, load (simulated), serve, drain on SIGTERM
+# ---------------------------------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    version, features = release_features()
+    args = parse_args(argv, version, features)
+    try:
+        startup_s = env_float("SGLANG_SIM_STARTUP_S", 2.0)
+        fail_start = env_flag("SGLANG_SIM_FAIL_START")
+        never_healthy = env_flag("SGLANG_SIM_NEVER_HEALTHY")
+        crash_after = env_int("SGLANG_SIM_CRASH_AFTER", None, lo=1)
+        slowdown = env_float("SGLANG_SIM_SLOWDOWN", 1.0, lo=0.01)
+        override_raw = os.environ.get("SGLANG_SIM_ACCEPT_OVERRIDE", "")
+        accept_override = env_float("SGLANG_SIM_ACCEPT_OVERRIDE", 1.0, lo=1.0) if override_raw else None
+        seed = env_int("SGLANG_SIM_SEED", 0)
+        drain_timeout = env_float("SGLANG_SIM_DRAIN_TIMEOUT_S", 300.0)
+        hybrid, hybrid_source = model_is_hybrid(args.model_path)
+        server = make_server(args.host, args.port, Handler)
+    except StartupError as exc:
+        log(f"ERROR: {exc}")
+        return 1
+
+    cfg = SpecConfig(
+        algorithm=args.speculative_algorithm,
+        block_size=args.speculative_dflash_block_size or 16,
+        budget=args.speculative_ddtree_budget or 15,
+        topk_cap=args.speculative_ddtree_topk_cap or DEFAULT_TOPK_CAP,
+        hybrid=hybrid, fork="fork" in features, fused_topk="topk" in features)
+    accept = mean_accept(cfg)
+    if accept_override is not None:
+        accept = min(accept_override, float(cfg.cap))
+    engine = Engine(cfg, accept, slowdown, seed)
+    sim = Sim(args, version, features, hybrid, hybrid_source, crash_after, accept_override, engine)
+    Handler.sim = sim
+
+    log("SGLang SIMULATOR (test equipment, no GPU, no model weights): sglang_sim.py")
+    log(f"sglang version {version or 'unknown (not installed)'}; release features: "
+        f"{', '.join(sorted(features)) or 'none (stock)'}")
+    shown = {k: v for k, v in vars(args).items()}
+    log("server_args=ServerArgs(" + ", ".join(f"{k}={v!r}" for k, v in shown.items()) + ")")
+    log(f"model {args.model_path}: {'hybrid (recurrent GDN/Mamba layers)' if hybrid else 'pure attention'} "
+        f"(from {hybrid_source}); state forking {'on' if cfg.fork else 'off'}; "
+        f"fused top-k {'on' if cfg.fused_topk else 'off'}")
+    if cfg.collapses:
+        log(f"WARNING: DDTree budget {cfg.budget} > block size - 1 = {cfg.block_size - 1} on a hybrid model "
+            "without state forking: sibling nodes share recurrent state")
+    log(f"simulated acceptance: mean {accept:.3f} tokens/step (cap {cfg.cap})"
+        + (f", overridden by SGLANG_SIM_ACCEPT_OVERRIDE={accept_override}" if accept_override else "")
+        + f"; step {step_ms(cfg, accept) * slowdown:.1f} ms at batch 1")
+
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True).start()
+    log(f"Listening on http://{args.host}:{args.port} (health answers 503 until the model is loaded)")
+
+    terms = []
+    term_event = threading.Event()
+
+    def on_signal(signum, _frame):
+        terms.append(signum)
+        if len(terms) > 1:
+            log(f"Received {signal.Signals(signum).name} again; exiting now without waiting")
+            sys.stderr.flush()
+            os._exit(0)
+        term_event.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+
+    log(f"Load weight begin. (simulated load: {startup_s:g} s)")
+    if term_event.wait(startup_s):
+        log("Received SIGTERM during model load; exiting")
+        return 0
+    if fail_start:
+        log("ERROR: Capture cuda graph failed: RuntimeError: CUDA error: an illegal memory access was "
+            "encountered (simulated by SGLANG_SIM_FAIL_START=1)")
+        log("ERROR: Scheduler exited during initialization; exiting with status 1")
+        return 1
+    if never_healthy:
+        log("Load weight end. Capturing CUDA graphs... (SGLANG_SIM_NEVER_HEALTHY=1: stays loading forever)")
+    else:
+        log("Load weight end. Capture cuda graph end.")
+        with sim.lock:
+            sim.state = "ready"
+        log("The server is fired up and ready to roll!")
+
+    while not term_event.wait(0.5):
+        pass
+    name = signal.Signals(terms[0]).name
+    with sim.lock:
+        sim.state = "draining"
+        inflight = sim.inflight
+    log(f"Received {name}: no new requests admitted; waiting for {inflight} in-flight request(s) to finish")
+    deadline = time.monotonic() + drain_timeout
+    while True:
+        with sim.lock:
+            inflight = sim.inflight
+        if inflight == 0:
+            break
+        if time.monotonic() > deadline:
+            log(f"WARNING: drain timeout ({drain_timeout:g} s) with {inflight} request(s) in flight; exiting")
+            return 0
+        time.sleep(0.05)
+    log("All in-flight requests finished. Gracefully exiting.")
+    server.server_close()
+    return 0
+
+
+if __name__ == "__main__":
+    code = main()
+    sys.stderr.flush()
+    os._exit(code)
