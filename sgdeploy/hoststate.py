@@ -278,6 +278,59 @@ def commit(deploy: dict, txn: Path, state_root: Path = STATE_ROOT) -> dict:
     return {"current": current, "previous": previous}
 
 
+def rollback_prepare(config: str, state_root: Path = STATE_ROOT) -> dict:
+    """`make rollback`: what runs now for `config` and the deploy before it."""
+    cfg_dir = state_root / config
+    current, previous = _read_json(cfg_dir / "current.json"), _read_json(cfg_dir / "previous.json")
+    if previous is None or "unit_text" not in previous:
+        raise HostStateError(f"config {config}: no previous deploy recorded on this host "
+                             f"({cfg_dir}/previous.json); nothing to roll back to")
+    release_python = Path(f"/opt/sglang/releases/{previous['release']}/venv/bin/python")
+    if not release_python.exists():
+        raise HostStateError(f"config {config}: the previous release {previous['release']} is no longer installed "
+                             f"({release_python} missing); redeploy that config instead")
+    return {"current": current, "previous": {k: v for k, v in previous.items() if not k.endswith("_text")}}
+
+
+def rollback_install(config: str, txn: Path, state_root: Path = STATE_ROOT) -> dict:
+    """Save the running unit of `config`, then put the previous deploy's unit and env files back."""
+    cfg_dir = state_root / config
+    previous = _read_json(cfg_dir / "previous.json") or {}
+    current = _read_json(cfg_dir / "current.json")
+    if txn.exists():
+        shutil.rmtree(txn)
+    txn.mkdir(parents=True)
+    if current:
+        saved = dict(current)
+        unit_file = UNIT_DIR / current["unit_name"]
+        env_file = ENV_DIR / f"{current['config']}.env"
+        saved["unit_text"] = unit_file.read_text() if unit_file.exists() else ""
+        saved["env_text"] = env_file.read_text() if env_file.exists() else ""
+        _write_json(txn / "was_current.json", saved)
+    (UNIT_DIR / previous["unit_name"]).write_text(previous["unit_text"])
+    env_path = ENV_DIR / f"{previous['config']}.env"
+    env_path.write_text(previous.get("env_text", ""))
+    env_path.chmod(0o640)
+    shutil.chown(env_path, "root", "sglang")
+    return {"unit": previous["unit_name"], "config": previous["config"]}
+
+
+def rollback_commit(config: str, txn: Path, state_root: Path = STATE_ROOT) -> dict:
+    """After the previous deploy is healthy again: it is current, and what ran is now previous."""
+    cfg_dir = state_root / config
+    previous = _read_json(cfg_dir / "previous.json") or {}
+    was_current = _read_json(txn / "was_current.json")
+    restored = {k: v for k, v in previous.items() if not k.endswith("_text")}
+    restored["deployed"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    if was_current and was_current["config"] != restored["config"]:
+        (state_root / was_current["config"] / "current.json").unlink(missing_ok=True)
+    _write_json(state_root / restored["config"] / "current.json", restored)
+    if was_current:
+        _write_json(cfg_dir / "previous.json", was_current)
+    shutil.rmtree(txn, ignore_errors=True)
+    return {"current": restored}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python3 -m sgdeploy.hoststate")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -298,6 +351,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--deploy", required=True, type=Path)
     p.add_argument("--txn", type=Path, default=STATE_ROOT / "txn")
     p = sub.add_parser("deployed")
+    for name in ("rollback-prepare", "rollback-install", "rollback-commit"):
+        p = sub.add_parser(name)
+        p.add_argument("--config", required=True)
+        p.add_argument("--txn", type=Path, default=STATE_ROOT / "txn-rollback")
     args = parser.parse_args(argv)
     try:
         if args.command == "plan":
@@ -311,6 +368,12 @@ def main(argv: list[str] | None = None) -> int:
             result = restore(args.txn)
         elif args.command == "commit":
             result = commit(json.loads(args.deploy.read_text()), args.txn)
+        elif args.command == "rollback-prepare":
+            result = rollback_prepare(args.config)
+        elif args.command == "rollback-install":
+            result = rollback_install(args.config, args.txn)
+        elif args.command == "rollback-commit":
+            result = rollback_commit(args.config, args.txn)
         else:
             result = {"deployed": deployed_configs()}
     except HostStateError as exc:

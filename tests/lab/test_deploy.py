@@ -171,6 +171,19 @@ def test_second_concurrent_deploy_is_refused(lab):
     assert deploy(lab, "ddtree-b15").returncode == 0
 
 
+def test_rollback_by_hand_returns_to_the_previous_deploy(lab):
+    proc = deploy(lab, "ddtree-b32")
+    assert proc.returncode == 0, output_of(proc)[-3000:]
+    assert server_info(lab, "lab1")["speculative_ddtree_budget"] == 32
+    proc = lab.ansible_playbook("playbooks/rollback.yml", "-e", "config=ddtree-b32", "--limit", "lab1", check=False)
+    assert proc.returncode == 0, output_of(proc)[-3000:]
+    assert "ddtree-b32 rolled back to ddtree-b15" in proc.stdout
+    assert active_unit(lab, "lab1", "sglang-ddtree-b15.service") == "active"
+    assert active_unit(lab, "lab1", "sglang-ddtree-b32.service") != "active"
+    assert server_info(lab, "lab1")["speculative_ddtree_budget"] == 15
+    assert newest_record(lab, "lab1", "ddtree-b32")["outcome"] == "rolled_back"
+
+
 def test_rollout_stops_at_the_first_failing_host(lab):
     if len(lab.hosts) < 2:
         pytest.skip("needs two lab hosts")

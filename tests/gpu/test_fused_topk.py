@@ -1,0 +1,319 @@
+"""Correctness of the fused per-depth top-k kernel (patch 0003) against a float64 reference.
+
+Runs on a CUDA GPU (skipped elsewhere). The kernel is the file that patch 0003 adds,
+sglang/srt/speculative/fused_depth_topk.py, read straight out of
+patches/sglang/0003-fused-depth-topk.patch (or from $FUSED_TOPK_FILE) and imported by path,
+so no SGLang package __init__ runs: it needs only torch and triton.
+
+    python -m pytest tests/gpu/test_fused_topk.py        # on the GPU machine
+    python tests/gpu/test_fused_topk.py out.json         # same checks, results as JSON
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import pathlib
+import sys
+import tempfile
+
+import pytest
+
+torch = pytest.importorskip("torch") if __name__ != "__main__" else __import__("torch")
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+PATCH = REPO / "patches" / "sglang" / "0003-fused-depth-topk.patch"
+REL = "sglang/srt/speculative/fused_depth_topk.py"
+
+# Tolerances (absolute, in nats).
+LP_TOL = 1e-3  # log-probabilities vs float64 (bf16 inputs, fp32 accumulation over H=5120)
+TIE_TOL = 1e-4  # two ids count as tied when their float64 log-probs differ by at most this
+
+
+def extract_new_file(patch: pathlib.Path, rel: str) -> str:
+    """The text of a file that `patch` creates (a `new file` section)."""
+    lines = patch.read_text().splitlines()
+    start = lines.index(f"+++ b/{rel}")
+    assert lines[start - 1] == "--- /dev/null", f"{rel} is not a new file in {patch.name}"
+    out = []
+    for line in lines[start + 2 :]:
+        if line.startswith("diff --git ") or line.startswith("-- "):
+            break
+        assert line.startswith("+"), line
+        out.append(line[1:])
+    return "\n".join(out) + "\n"
+
+
+def load_kernel_module():
+    path = os.environ.get("FUSED_TOPK_FILE")
+    if not path:
+        tmp = pathlib.Path(tempfile.mkdtemp(prefix="fused_topk_")) / "fused_depth_topk.py"
+        tmp.write_text(extract_new_file(PATCH, REL))
+        path = str(tmp)
+    spec = importlib.util.spec_from_file_location("fused_depth_topk", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+needs_cuda = pytest.mark.skipif(
+    not (hasattr(torch, "cuda") and torch.cuda.is_available()), reason="needs a CUDA GPU"
+)
+
+H_FULL, V_FULL, DEPTHS = 5120, 248320, 15
+# FUSED_TOPK_TEST_CONFIG='{"BV": 64, ...}' overrides the launch geometry (default: shipped).
+CFG = json.loads(os.environ["FUSED_TOPK_TEST_CONFIG"]) if os.environ.get("FUSED_TOPK_TEST_CONFIG") else None
+_CACHE: dict = {}
+
+
+def _weight(v, h, seed, dev="cuda"):
+    key = (v, h, seed)
+    if key not in _CACHE:
+        g = torch.Generator(device=dev).manual_seed(seed)
+        # Scale so logits have a std of about 3 (peaked like a real head, no overflow).
+        w = (torch.randn(v, h, device=dev, generator=g) * (3.0 / h**0.5)).to(torch.bfloat16)
+        _CACHE.clear()
+        _CACHE[key] = (w, w.double())
+    return _CACHE[key]
+
+
+def reference(hidden, w64, k):
+    lp = torch.log_softmax(hidden.double() @ w64.T, dim=-1)
+    vals, ids = lp.topk(k, dim=-1)
+    return vals, ids, lp
+
+
+def check(lp, ids, hidden, w64, k, v_total):
+    """Asserts the kernel's (lp, ids) against float64; returns a summary dict."""
+    ref_vals, ref_ids, ref_lp = reference(hidden, w64, k)
+    assert lp.shape == (hidden.shape[0], k) and ids.shape == lp.shape
+    assert lp.dtype == torch.float32 and ids.dtype == torch.int64
+    assert torch.isfinite(lp).all(), "unwritten or non-finite log-probs"
+    assert ((ids >= 0) & (ids < v_total)).all(), "id out of range"
+    srt = ids.sort(dim=-1).values
+    assert (srt[:, 1:] != srt[:, :-1]).all(), "duplicate id in a row"
+    err = (lp.double() - ref_vals).abs().max().item()
+    # Log-probabilities, rank by rank: |kernel - float64| <= LP_TOL = 1e-3 nats.
+    assert err <= LP_TOL, f"log-prob error {err:.3g} > {LP_TOL}"
+    # Same ids except exact ties: a different id at rank j must have (float64) the same
+    # log-prob as the reference's id at rank j, within TIE_TOL = 1e-4.
+    got_ref_lp = ref_lp.gather(1, ids)
+    diff = ids != ref_ids
+    tie_gap = (got_ref_lp - ref_vals).abs()[diff]
+    worst_tie = tie_gap.max().item() if tie_gap.numel() else 0.0
+    assert worst_tie <= TIE_TOL, f"id mismatch that is not a tie: gap {worst_tie:.3g}"
+    # Descending order.
+    assert (lp[:, 1:] <= lp[:, :-1]).all()
+    return {"max_abs_lp_err": err, "id_mismatches_tied": int(diff.sum()), "worst_tie_gap": worst_tie}
+
+
+RESULTS: list = []
+
+
+def _record(name, **kw):
+    RESULTS.append({"case": name, **kw})
+
+
+@pytest.fixture(scope="module")
+def mod():
+    return load_kernel_module()
+
+
+@needs_cuda
+@pytest.mark.parametrize("batch", [1, 8, 64])
+@pytest.mark.parametrize("k", [8, 16])
+def test_full_size(mod, batch, k):
+    """Qwen3.6-sized head (vocab 248320, hidden 5120), 15 depths per request."""
+    w, w64 = _weight(V_FULL, H_FULL, seed=1)
+    n = batch * DEPTHS
+    hidden = torch.randn(n, H_FULL, device="cuda").to(torch.bfloat16)  # fresh every run
+    lp, ids = mod.fused_depth_topk(hidden, w, k, config=CFG)
+    _record(f"full b{batch} k{k}", **check(lp, ids, hidden, w64, k, V_FULL))
+
+
+@needs_cuda
+@pytest.mark.parametrize(
+    "n,v,h,k",
+    [(1, 50021, 1000, 3), (7, 32000, 4096, 5), (33, 100003, 2048, 16), (129, 65536, 768, 8)],
+)
+def test_odd_shapes(mod, n, v, h, k):
+    """Vocab not a tile multiple, hidden not a BK multiple, K not a power of two."""
+    w, w64 = _weight(v, h, seed=2)
+    hidden = torch.randn(n, h, device="cuda").to(torch.bfloat16)
+    lp, ids = mod.fused_depth_topk(hidden, w, k, config=CFG)
+    _record(f"odd n{n} v{v} h{h} k{k}", **check(lp, ids, hidden, w64, k, v))
+
+
+@needs_cuda
+def test_padded_vocab(mod):
+    """Rows past vocab_size (TP padding) never appear and do not enter the LSE."""
+    v, h, k = 30000, 1024, 8
+    w, w64 = _weight(v, h, seed=3)
+    padded = torch.cat([w, torch.full((64, h), 1.0, device="cuda", dtype=w.dtype)])
+    hidden = torch.randn(9, h, device="cuda").to(torch.bfloat16).abs()  # padding would win
+    lp, ids = mod.fused_depth_topk(hidden, padded, k, vocab_size=v, config=CFG)
+    _record("padded vocab", **check(lp, ids, hidden, w64, k, v))
+
+
+@needs_cuda
+def test_exact_ties(mod):
+    """Duplicated head rows give exactly equal logits: each tied value must appear as often as
+    it does in the reference, with distinct ids."""
+    v, h, k = 20000, 512, 16
+    base, _ = _weight(v, h, seed=4)
+    w = base.clone()
+    w[1000:1008] = w[7]  # 9 rows with identical logits
+    w[15000:15004] = w[12345]
+    w64 = w.double()
+    hidden = torch.randn(12, h, device="cuda").to(torch.bfloat16)
+    hidden[:6] = (w[7].float() * 4).to(torch.bfloat16)  # push the tied group into the top-k
+    lp, ids = mod.fused_depth_topk(hidden, w, k, config=CFG)
+    _record("exact ties", **check(lp, ids, hidden, w64, k, v))
+
+
+@needs_cuda
+@pytest.mark.parametrize("bounds", [(0, 62080, 124160, 186240, 248320), (0, 1000, 130000, 248320)])
+def test_fake_tp_merge(mod, bounds):
+    """Vocab split into fake TP shards on one GPU: per-shard kernel, then the merge of K
+    log-probs + K ids + LSE per shard, through the same packing as the real all-gather."""
+    k, batch = 16, 8
+    w, w64 = _weight(V_FULL, H_FULL, seed=1)
+    n = batch * DEPTHS
+    hidden = torch.randn(n, H_FULL, device="cuda").to(torch.bfloat16)
+    shards = list(zip(bounds, bounds[1:]))
+    locals_ = [mod.fused_local_topk(hidden, w[a:b], k, vocab_start=a, config=CFG) for a, b in shards]
+    g_lp = torch.stack([x[0] for x in locals_], 1)
+    g_id = torch.stack([x[1] for x in locals_], 1)
+    g_lse = torch.stack([x[2] for x in locals_], 1)
+    lp, ids, lse = mod.merge_topk_partials(g_lp, g_id, g_lse, k, is_logprob=True)
+    full_lse = torch.logsumexp(hidden.double() @ w64.T, dim=-1)
+    lse_err = (lse.double() - full_lse).abs().max().item()
+    assert lse_err <= LP_TOL, lse_err
+    res = check(lp, ids, hidden, w64, k, V_FULL)
+
+    # The tp_group path of fused_depth_topk, rank 0's view, with a stand-in coordinator whose
+    # all_gather returns every rank's packed [N, 2k+1] tensor (rank r computed on shard r).
+    class FakeGroup:
+        world_size = len(shards)
+
+        def all_gather(self, x, dim=0):
+            parts = [x]
+            for a, b in shards[1:]:
+                lp_r, id_r, lse_r = mod.fused_local_topk(hidden, w[a:b], k, vocab_start=a, config=CFG)
+                parts.append(torch.cat([lp_r, id_r.float(), lse_r[:, None]], 1))
+            return torch.cat(parts, dim=dim)
+
+    a0, b0 = shards[0]
+    lp2, ids2 = mod.fused_depth_topk(hidden, w[a0:b0], k, vocab_start=a0, tp_group=FakeGroup(),
+                                    config=CFG)
+    res2 = check(lp2, ids2, hidden, w64, k, V_FULL)
+    _record(f"fake TP {len(shards)} shards", lse_err=lse_err, merge=res, tp_group_path=res2)
+
+
+def load_patched_ddtree_topk(mod):
+    """0001's ddtree_topk.py with 0003's hunk applied (git apply --include), imported by path
+    with `sglang.srt.speculative.fused_depth_topk` bound to the kernel module under test."""
+    import subprocess
+    import types
+
+    rel = "sglang/srt/speculative/ddtree_topk.py"
+    root = pathlib.Path(tempfile.mkdtemp(prefix="ddtree_topk_"))
+    (root / rel).parent.mkdir(parents=True)
+    (root / rel).write_text(extract_new_file(PATCH.parent / "0001-ddtree-speculative-decoding.patch", rel))
+    subprocess.run(["git", "apply", "-p1", f"--include={rel}", str(PATCH)], cwd=root, check=True,
+                   env=dict(os.environ, GIT_CEILING_DIRECTORIES=str(root.parent)))
+    for name in ("sglang", "sglang.srt", "sglang.srt.speculative"):
+        sys.modules.setdefault(name, types.ModuleType(name))
+    sys.modules["sglang.srt.speculative.fused_depth_topk"] = mod
+    spec = importlib.util.spec_from_file_location("ddtree_topk_patched", root / rel)
+    dd = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(dd)
+    return dd
+
+
+@needs_cuda
+def test_ddtree_dispatch(mod):
+    """depth_topk_logprobs (patch 0001's entry point, patched by 0003) takes the fused path for
+    a dense bf16 head and agrees with float64; SGLANG_DDTREE_FUSED_TOPK=0 gives 0001's path."""
+    dd = load_patched_ddtree_topk(mod)
+    k, n = 8, 2 * DEPTHS
+    w, w64 = _weight(V_FULL, H_FULL, seed=1)
+    padded = torch.nn.Parameter(torch.cat([w, torch.zeros(64, H_FULL, device="cuda", dtype=w.dtype)]),
+                                requires_grad=False)
+    head = type("Head", (), {"weight": padded, "org_vocab_size": V_FULL})()
+    hidden = torch.randn(n, H_FULL, device="cuda").to(torch.bfloat16)
+    calls = []
+    orig = mod.fused_depth_topk
+    mod.fused_depth_topk = lambda *a, **kw: (calls.append(1), orig(*a, **kw))[1]
+    try:
+        lp, ids = dd.depth_topk_logprobs(hidden, head, k)
+    finally:
+        mod.fused_depth_topk = orig
+    assert calls, "the fused kernel was not used"
+    res = check(lp, ids, hidden, w64, k, V_FULL)
+    os.environ["SGLANG_DDTREE_FUSED_TOPK"] = "0"
+    try:
+        lp0, ids0 = dd.depth_topk_logprobs(hidden, head, k)
+    finally:
+        del os.environ["SGLANG_DDTREE_FUSED_TOPK"]
+    res0 = check(lp0, ids0, hidden, w64, k, V_FULL)  # 0001's torch path, same rule
+    _record("ddtree dispatch", fused=res, torch_path=res0)
+
+
+@needs_cuda
+def test_cuda_graph(mod):
+    """Captured once, replayed on fresh inputs copied into the static buffers."""
+    k, n = 8, DEPTHS * 4
+    w, w64 = _weight(V_FULL, H_FULL, seed=1)
+    static_h = torch.randn(n, H_FULL, device="cuda").to(torch.bfloat16)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        mod.fused_depth_topk(static_h, w, k, config=CFG)  # compile + warm up outside capture
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out_lp, out_ids = mod.fused_depth_topk(static_h, w, k, config=CFG)
+    results = []
+    for _ in range(2):
+        fresh = torch.randn(n, H_FULL, device="cuda").to(torch.bfloat16)
+        static_h.copy_(fresh)
+        out_lp.fill_(float("nan"))  # poison: replay must rewrite every element
+        out_ids.fill_(-1)
+        g.replay()
+        torch.cuda.synchronize()
+        results.append(check(out_lp, out_ids, fresh, w64, k, V_FULL))
+    _record("cuda graph replay", replays=results)
+
+
+def main(out_path=None):
+    m = load_kernel_module()
+    cases = [(test_full_size, dict(batch=b, k=k)) for b in (1, 8, 64) for k in (8, 16)]
+    cases += [(test_odd_shapes, dict(n=n, v=v, h=h, k=k)) for n, v, h, k in
+              [(1, 50021, 1000, 3), (7, 32000, 4096, 5), (33, 100003, 2048, 16), (129, 65536, 768, 8)]]
+    cases += [(test_padded_vocab, {}), (test_exact_ties, {})]
+    cases += [(test_fake_tp_merge, dict(bounds=b)) for b in
+              [(0, 62080, 124160, 186240, 248320), (0, 1000, 130000, 248320)]]
+    cases += [(test_ddtree_dispatch, {}), (test_cuda_graph, {})]
+    passed = failed = 0
+    for fn, kw in cases:
+        try:
+            fn(m, **kw)
+            passed += 1
+            print("PASS", fn.__name__, kw, json.dumps(RESULTS[-1]), flush=True)
+        except Exception as exc:  # report every case, then fail
+            failed += 1
+            RESULTS.append({"case": f"{fn.__name__} {kw}", "error": repr(exc)})
+            print("FAIL", fn.__name__, kw, repr(exc), flush=True)
+    info = {"config_override": CFG, "device": torch.cuda.get_device_name(), "torch": torch.__version__,
+            "triton": __import__("triton").__version__, "lp_tol": LP_TOL, "tie_tol": TIE_TOL,
+            "results": RESULTS, "passed": passed, "failed": failed}
+    if out_path:
+        pathlib.Path(out_path).write_text(json.dumps(info, indent=1))
+    print(f"{passed} passed, {failed} failed")
+    return failed == 0
+
+
+if __name__ == "__main__":
+    sys.exit(0 if main(sys.argv[1] if len(sys.argv) > 1 else None) else 1)

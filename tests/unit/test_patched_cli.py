@@ -1,0 +1,210 @@
+"""The patched wheel's command line, parsed by SGLang itself on the CPU.
+
+A CPU virtualenv (build/cpu-venv: torch 2.13 CPU and the light dependencies that
+`sglang.srt.server_args` imports) is made when missing. The patched wheel (features ddtree plus
+fork and topk when the series has them) and the stock wheel are each installed with `--no-deps`
+into their own `--target` directory, and `prepare_server_args` parses a full DDTree command line:
+the patched wheel returns the budget and top-k cap, the stock wheel rejects the flags, and a cap
+larger than the budget is refused with a message.
+
+Slow (minutes when the venv must be made; about 30 s when it exists): `pytest -m slow`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sgdeploy import patchset, wheel
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[2]
+CPU_VENV = Path(os.environ.get("SGDEPLOY_CPU_VENV", REPO / "build" / "cpu-venv"))
+# What `from sglang.srt.server_args import prepare_server_args` needs on the CPU
+# (/work/shared/docs/sglang-0.5.23.md, "Running SGLang code without the whole server"),
+# pinned to versions known to work together.
+CPU_REQUIREMENTS = [
+    "torch==2.13.0", "numpy==2.4.6", "orjson==3.13.0", "psutil==7.2.2", "pybase64==1.5.1",
+    "requests==2.34.2", "pillow==13.0.0", "ipython==9.18.1", "pydantic==2.14.4", "fastapi==0.165.0",
+    "uvicorn==0.54.0", "transformers==5.24.0", "msgspec==0.22.0", "pyzmq==27.3.0", "setproctitle==1.3.8",
+    "aiohttp==3.14.5", "uvloop==0.23.0", "prometheus-client==0.26.0", "tqdm==4.70.1",
+    "sentencepiece==0.2.3", "tiktoken==0.14.0", "einops==0.8.2", "triton==3.8.0",
+]  # fmt: skip
+IMPORT_PROBE = "import torch, transformers, fastapi, pydantic, zmq, orjson, msgspec, uvloop, triton, IPython"
+
+# Parse with SGLang's own parser, then run its speculative-decoding resolution hook (the full
+# resolve_once() would need the model weights' stack); report what it resolved, or the rejection.
+PARSE = r"""
+import importlib.machinery, json, sys, types
+
+# torchvision has no CPU wheel for torch 2.13 here; only multimodal config modules import it and
+# the speculative resolution never calls into it, so an empty stand-in is enough.
+class Stub(types.ModuleType):
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return Stub(f"{self.__name__}.{name}")
+    def __call__(self, *a, **k):
+        return self
+
+class StubFinder:
+    def find_spec(self, name, path=None, target=None):
+        if name == "torchvision" or name.startswith("torchvision."):
+            return importlib.machinery.ModuleSpec(name, self, is_package=True)
+    def create_module(self, spec):
+        m = Stub(spec.name)
+        m.__path__ = []
+        return m
+    def exec_module(self, module):
+        pass
+
+import transformers.utils.import_utils  # records torchvision as absent before the stand-in exists
+sys.meta_path.append(StubFinder())
+from sglang.srt.server_args import prepare_server_args
+try:
+    args = prepare_server_args(sys.argv[1:])
+    from sglang.srt.arg_groups.overrides import resolving_view
+    from sglang.srt.arg_groups.speculative_hook import handle_speculative_decoding
+    handle_speculative_decoding(args)
+    a = resolving_view(args)
+except SystemExit as exc:
+    print(json.dumps({"rejected": "exit", "code": exc.code}))
+except Exception as exc:
+    print(json.dumps({"rejected": type(exc).__name__, "message": str(exc)}))
+else:
+    print(json.dumps({k: getattr(a, k, None) for k in (
+        "speculative_algorithm", "speculative_ddtree_budget", "speculative_ddtree_topk_cap",
+        "speculative_num_draft_tokens", "speculative_dflash_block_size")}))
+"""
+
+
+# Tiny model configs: the resolution reads the target's and the drafter's config.json.
+TARGET_CONFIG = {
+    "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 256,
+    "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "head_dim": 64, "vocab_size": 1024, "max_position_embeddings": 4096, "rms_norm_eps": 1e-6,
+    "rope_theta": 10000.0, "torch_dtype": "bfloat16", "tie_word_embeddings": False,
+}  # fmt: skip
+DRAFT_CONFIG = {
+    **TARGET_CONFIG, "architectures": ["DFlashDraftModel"], "num_hidden_layers": 1, "block_size": 16,
+    "dflash_config": {"target_layer_ids": [0, 1], "mask_token_id": 1000},
+}  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def models(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("models")
+    for name, config in (("target", TARGET_CONFIG), ("draft", DRAFT_CONFIG)):
+        (root / name).mkdir()
+        (root / name / "config.json").write_text(json.dumps(config))
+    return root
+
+
+def ddtree_line(models: Path, budget: int, cap: int) -> list[str]:
+    return [
+        "--model-path", str(models / "target"), "--host", "127.0.0.1", "--port", "30000",
+        "--tp-size", "1", "--device", "cuda", "--attention-backend", "triton", "--page-size", "1",
+        "--speculative-algorithm", "DDTREE", "--speculative-draft-model-path", str(models / "draft"),
+        "--speculative-dflash-block-size", "16",
+        "--speculative-ddtree-budget", str(budget), "--speculative-ddtree-topk-cap", str(cap),
+    ]  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def cpu_python() -> Path:
+    py = CPU_VENV / "bin" / "python"
+    if py.exists() and subprocess.run([py, "-c", IMPORT_PROBE], capture_output=True).returncode == 0:
+        return py
+    if not py.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(CPU_VENV)], check=True)
+    proc = subprocess.run(
+        [py, "-m", "pip", "install", "-q", "--disable-pip-version-check", *CPU_REQUIREMENTS],
+        capture_output=True, text=True, timeout=3600,
+    )  # fmt: skip
+    assert proc.returncode == 0, f"making {CPU_VENV} failed:\n{proc.stderr[-3000:]}"
+    return py
+
+
+@pytest.fixture(scope="session")
+def downloads() -> Path:
+    pins = wheel.load_pins()
+    pin = pins.for_python("3.11")
+    d = wheel.DEFAULT_DOWNLOADS
+    local = Path("/tmp/whl") / pin.file
+    if not (d / pin.file).is_file() and local.is_file():
+        d.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(local, d / pin.file)
+    wheel.fetch_upstream(pins, pin, d, log=lambda m: None)
+    return d
+
+
+def install(built: wheel.BuildResult, target: Path) -> Path:
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--no-compile",
+         "--target", str(target), str(built.wheel)],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    return target
+
+
+@pytest.fixture(scope="session")
+def site_dirs(tmp_path_factory, downloads) -> dict[str, tuple[wheel.BuildResult, Path]]:
+    series = patchset.load()
+    if "ddtree" not in series.features():
+        pytest.skip(f"{series.path} has no ddtree patch yet")
+    out = tmp_path_factory.mktemp("wheels")
+    quiet = lambda m: None  # noqa: E731
+    patched = wheel.build(series.select(series.features()), "3.11", out, downloads, log=quiet)
+    stock = wheel.build([], "3.11", out, downloads, log=quiet)
+    return {
+        "patched": (patched, install(patched, tmp_path_factory.mktemp("patched-site"))),
+        "stock": (stock, install(stock, tmp_path_factory.mktemp("stock-site"))),
+    }
+
+
+def parse(cpu_python: Path, site: Path, argv: list[str]) -> tuple[dict, str]:
+    env = dict(os.environ, PYTHONPATH=str(site), CUDA_VISIBLE_DEVICES="")
+    proc = subprocess.run(
+        [cpu_python, "-c", PARSE, *argv], capture_output=True, text=True, env=env, timeout=600, cwd=site
+    )
+    last = proc.stdout.strip().splitlines()[-1:] or ["{}"]
+    try:
+        return json.loads(last[0]), proc.stderr
+    except json.JSONDecodeError:
+        raise AssertionError(f"no result from the parser (exit {proc.returncode}):\n{proc.stderr[-3000:]}") from None
+
+
+def test_patched_wheel_parses_a_ddtree_command_line(cpu_python, site_dirs, models):
+    built, site = site_dirs["patched"]
+    got, err = parse(cpu_python, site, ddtree_line(models, 15, 8))
+    assert "rejected" not in got, f"{got} {err[-2000:]}"
+    assert got["speculative_algorithm"] == "DDTREE"
+    assert got["speculative_ddtree_budget"] == 15
+    assert got["speculative_ddtree_topk_cap"] == 8
+    # Verify width is budget + 1 while the drafter keeps its block size.
+    assert got["speculative_num_draft_tokens"] == 16
+    assert got["speculative_dflash_block_size"] == 16
+
+
+def test_stock_wheel_rejects_the_same_line(cpu_python, site_dirs, models):
+    built, site = site_dirs["stock"]
+    assert built.label == "stock"
+    got, err = parse(cpu_python, site, ddtree_line(models, 15, 8))
+    assert got.get("rejected"), got
+    assert "ddtree" in err.lower() or "DDTREE" in got.get("message", ""), err[-2000:]
+
+
+def test_cap_above_budget_is_rejected_with_a_message(cpu_python, site_dirs, models):
+    built, site = site_dirs["patched"]
+    got, err = parse(cpu_python, site, ddtree_line(models, 4, 8))
+    assert got.get("rejected") == "ValueError", f"{got} {err[-2000:]}"
+    assert "--speculative-ddtree-topk-cap (8)" in got["message"]
+    assert "--speculative-ddtree-budget (4)" in got["message"]
