@@ -562,6 +562,9 @@ def write_inventory(lab: Lab) -> None:
             f"          sglang_bind_address: {q(host.address)}",
             "          sglang_install_deps: false",
             "          sglang_launcher: /opt/sglang-sim/sglang_sim.py",
+            "          # The stand-in NVIDIA apt repository and where the stand-in module reports its version.",
+            '          nvidia_apt_repo_line: "deb [trusted=yes] file:/srv/lab-apt ./"',
+            "          nvidia_driver_module_version_file: /run/lab-nvidia/module-version",
         ]
     lab.inventory.parent.mkdir(parents=True, exist_ok=True)
     tmp = lab.inventory.with_name(lab.inventory.name + ".tmp")
@@ -581,6 +584,13 @@ def up(lab: Lab) -> int:
         build_cache(lab)
     lab.dir.mkdir(parents=True, exist_ok=True)
     lab.apt_dir.mkdir(parents=True, exist_ok=True)
+    if not (lab.apt_dir / "Packages").exists():
+        # The stand-in NVIDIA apt repository the provisioning roles install from in the lab.
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        import standin_apt
+
+        standin_apt.build(lab.apt_dir)
+        log(f"built the stand-in apt repository in {lab.apt_dir}")
     ensure_key(lab)
     with flock(lab.dir / ".lock"):
         extra = sorted(p.name for p in (lab.dir / "hosts").glob("lab*")
