@@ -1,0 +1,41 @@
+"""Every playbook passes `ansible-playbook --syntax-check`; a broken one is caught."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+PLAYBOOKS = sorted((REPO / "playbooks").glob("*.yml"))
+ANSIBLE_PLAYBOOK = Path(sys.executable).parent / "ansible-playbook"
+
+
+def syntax_check(playbook: Path) -> subprocess.CompletedProcess:
+    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1")
+    return subprocess.run([str(ANSIBLE_PLAYBOOK), "--syntax-check", "-i", str(REPO / "inventory" / "example.yml"),
+                           "-e", "config=ddtree-b15", str(playbook)], capture_output=True, text=True, cwd=REPO,
+                          env=env, check=False)
+
+
+def test_the_expected_playbooks_exist():
+    names = {p.stem for p in PLAYBOOKS}
+    assert {"site", "deploy", "provision", "build", "rollback", "status"} <= names
+
+
+@pytest.mark.parametrize("playbook", PLAYBOOKS, ids=[p.name for p in PLAYBOOKS])
+def test_playbook_syntax(playbook):
+    result = syntax_check(playbook)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_syntax_check_catches_a_broken_playbook(tmp_path):
+    broken = REPO / "playbooks" / f".broken-{os.getpid()}.yml"
+    broken.write_text("- name: Broken\n  hosts: all\n  tasks:\n    - name: No such module\n      no.such.module: {}\n")
+    try:
+        assert syntax_check(broken).returncode != 0
+    finally:
+        broken.unlink()
