@@ -55,7 +55,7 @@ def main(out_dir: str, try_configs: bool):
     t_copy = med(lambda: dst.copy_(w))
     copy_bw = 2 * wbytes / (t_copy * 1e-3)
     floor_ms = wbytes / copy_bw * 1e3
-    del dst
+
 
     rows = []
     variants = []
@@ -122,7 +122,7 @@ def main(out_dir: str, try_configs: bool):
                     print("variant", batch, k, c, t, kinfo, flush=True)
 
     info = dict(
-        date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        date=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
         command="python tests/gpu/bench_fused_topk.py $OUT" + (" --configs" if try_configs else ""),
         lm_head_bytes=wbytes, copy_ms=t_copy, copy_GBps=copy_bw / 1e9, floor_ms=floor_ms,

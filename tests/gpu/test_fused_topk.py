@@ -181,7 +181,7 @@ def test_fake_tp_merge(mod, bounds):
     w, w64 = _weight(V_FULL, H_FULL, seed=1)
     n = batch * DEPTHS
     hidden = torch.randn(n, H_FULL, device="cuda").to(torch.bfloat16)
-    shards = list(zip(bounds, bounds[1:]))
+    shards = list(zip(bounds, bounds[1:], strict=False))
     locals_ = [mod.fused_local_topk(hidden, w[a:b], k, vocab_start=a, config=CFG) for a, b in shards]
     g_lp = torch.stack([x[0] for x in locals_], 1)
     g_id = torch.stack([x[1] for x in locals_], 1)
