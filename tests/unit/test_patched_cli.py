@@ -35,9 +35,9 @@ CPU_REQUIREMENTS = [
     "requests==2.34.2", "pillow==13.0.0", "ipython==9.18.1", "pydantic==2.14.4", "fastapi==0.165.0",
     "uvicorn==0.54.0", "transformers==5.24.0", "msgspec==0.22.0", "pyzmq==27.3.0", "setproctitle==1.3.8",
     "aiohttp==3.14.5", "uvloop==0.23.0", "prometheus-client==0.26.0", "tqdm==4.70.1",
-    "sentencepiece==0.2.3", "tiktoken==0.14.0", "einops==0.8.2", "triton==3.8.0",
+    "sentencepiece==0.2.3", "tiktoken==0.14.0", "einops==0.8.2", "triton==3.8.0", "dill==0.4.1",
 ]  # fmt: skip
-IMPORT_PROBE = "import torch, transformers, fastapi, pydantic, zmq, orjson, msgspec, uvloop, triton, IPython"
+IMPORT_PROBE = "import torch, transformers, fastapi, pydantic, zmq, orjson, msgspec, uvloop, triton, IPython, dill"
 
 # Parse with SGLang's own parser, then run its speculative-decoding resolution hook (the full
 # resolve_once() would need the model weights' stack); report what it resolved, or the rejection.
