@@ -1,0 +1,150 @@
+"""Shared fixtures of the testinfra checks (`make verify`).
+
+    pytest tests/infra --hosts=ansible://gpu_hosts --ansible-inventory=INVENTORY [--config=NAME]
+
+`--config NAME` (repeatable, or comma-separated) names the configs whose service is checked on every
+host. Without it, each host is checked for every config that its deploy state says runs there
+(`/var/lib/sglang-deploy/*/current.json`); a host where nothing is deployed skips the service checks
+and says why. The driver checks (test_nvidia.py) do not use these fixtures.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+STATE_ROOT = "/var/lib/sglang-deploy"
+RELEASES = "/opt/sglang/releases"
+ENV_DIR = "/etc/sglang"
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("sgdeploy", "sgdeploy verify")
+    group.addoption("--config", action="append", dest="sglang_configs", default=[], metavar="NAME",
+                    help="check the service of this config (repeatable or comma-separated); default: every "
+                         f"config that {STATE_ROOT}/*/current.json says runs on the host")
+
+
+def pytest_configure(config):
+    # testinfra's ansible backend runs `ansible-inventory`: find it next to this interpreter (the project's
+    # .venv) when it is not on PATH, so that `.venv/bin/python -m pytest tests/infra ...` works as is.
+    bindir = str(Path(sys.executable).parent)
+    if not shutil.which("ansible-inventory") and shutil.which("ansible-inventory", path=bindir):
+        os.environ["PATH"] = bindir + os.pathsep + os.environ.get("PATH", "")
+
+
+def wanted_configs(config) -> list[str]:
+    names: list[str] = []
+    for value in config.getoption("sglang_configs") or []:
+        names += [n.strip() for n in value.split(",") if n.strip()]
+    return list(dict.fromkeys(names))
+
+
+@dataclass
+class Deployment:
+    """One config that the host's deploy state says runs there (its current.json)."""
+
+    host_name: str
+    config: str
+    current: dict
+
+    @property
+    def unit(self) -> str:
+        return self.current.get("unit_name") or f"sglang-{self.config}.service"
+
+    @property
+    def release(self) -> str:
+        return self.current["release"]
+
+    @property
+    def release_dir(self) -> str:
+        return f"{RELEASES}/{self.release}"
+
+    @property
+    def bind_address(self) -> str:
+        return self.current["bind_address"]
+
+    @property
+    def port(self) -> int:
+        return int(self.current["ports"][0])
+
+    @property
+    def state_dir(self) -> str:
+        return f"{STATE_ROOT}/{self.config}"
+
+    @property
+    def env_file(self) -> str:
+        return f"{ENV_DIR}/{self.config}.env"
+
+    def __str__(self) -> str:
+        return f"{self.host_name}: {self.config}"
+
+
+def read_json(host, path: str) -> dict | None:
+    """The JSON document at `path` on the host, or None when it is missing or not JSON."""
+    f = host.file(path)
+    if not f.exists:
+        return None
+    try:
+        return json.loads(f.content_string)
+    except ValueError:
+        return None
+
+
+def host_name(host) -> str:
+    """The inventory name (`gpu-01`), not the pytest id (`ansible://gpu-01`)."""
+    name = getattr(host.backend, "host", None)
+    return name if isinstance(name, str) and name else host.backend.get_pytest_id()
+
+
+@pytest.fixture(scope="module")
+def hostvars(host) -> dict:
+    return host.ansible.get_variables()
+
+
+@pytest.fixture(scope="module")
+def deployments(host, request) -> list[Deployment]:
+    """The configs to check on this host; a failure when a --config named one that is not deployed."""
+    name = host_name(host)
+    # An unreachable host must fail, not look like a host where nothing is deployed.
+    try:
+        probe = host.run("echo sgdeploy-verify-reachable")
+        reached = probe.stdout.strip() == "sgdeploy-verify-reachable"
+        detail = (probe.stderr.strip().splitlines() or [f"exit status {probe.rc}"])[-1]
+    except RuntimeError as exc:  # testinfra raises when ssh itself fails (exit 255)
+        reached, detail = False, getattr(exc.args[0], "stderr", str(exc)).strip() if exc.args else str(exc)
+    if not reached:
+        pytest.fail(f"{name}: cannot run a command on the host: {detail}", pytrace=False)
+    wanted = wanted_configs(request.config)
+    if wanted:
+        out, missing = [], []
+        for config in wanted:
+            current = read_json(host, f"{STATE_ROOT}/{config}/current.json")
+            if current is None:
+                missing.append(config)
+            else:
+                out.append(Deployment(name, config, current))
+        if missing:
+            pytest.fail(f"{name}: {', '.join(missing)} not deployed: no readable {STATE_ROOT}/<config>/current.json "
+                        "(never deployed green here, or replaced by another config; `make status` shows what runs)",
+                        pytrace=False)
+        return out
+    listing = host.run(f"ls -1d {STATE_ROOT}/*/current.json 2>/dev/null")
+    out = []
+    for path in sorted(listing.stdout.split()):
+        current = read_json(host, path)
+        if current is not None:
+            out.append(Deployment(name, path.split("/")[-2], current))
+    if not out:
+        pytest.skip(f"{name}: nothing deployed (no {STATE_ROOT}/*/current.json); service checks skipped")
+    return out

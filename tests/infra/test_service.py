@@ -1,0 +1,251 @@
+"""testinfra: the SGLang service of every deployed config is what the deploy says it is.
+
+    pytest tests/infra/test_service.py --hosts=ansible://gpu_hosts --ansible-inventory=INVENTORY [--config=NAME]
+
+For each config whose `/var/lib/sglang-deploy/<config>/current.json` is on the host (or each --config):
+the release it names is installed and patched for the config, the unit is enabled, active and runs as
+`sglang` with `HF_HUB_OFFLINE=1`, the service port is bound to the configured address only, the
+environment file (secrets) is 0640 root:sglang, and the newest deploy record is green. Every check
+looks at all the configs of the host and reports every problem it finds, one line each.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+
+import pytest
+
+SERVICE_USER = "sglang"
+SGLANG_VERSION = "0.5.23"
+WILDCARDS = ("0.0.0.0", "::", "*")
+
+
+def read_json(host, path: str) -> dict | None:
+    """The JSON document at `path` on the host, or None when it is missing or not JSON."""
+    f = host.file(path)
+    if not f.exists:
+        return None
+    try:
+        return json.loads(f.content_string)
+    except ValueError:
+        return None
+
+
+def main_pid(host, unit: str) -> int:
+    out = host.run(f"systemctl show -p MainPID --value {shlex.quote(unit)}").stdout.strip()
+    return int(out) if out.isdigit() else 0
+
+
+def process_tree(host, pid: int) -> set[int]:
+    """`pid` and every process below it."""
+    children: dict[int, list[int]] = {}
+    for line in host.run("ps -eo pid=,ppid=").stdout.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[0].isdigit() and parts[1].isdigit():
+            children.setdefault(int(parts[1]), []).append(int(parts[0]))
+    tree, todo = set(), [pid]
+    while todo:
+        p = todo.pop()
+        if p not in tree:
+            tree.add(p)
+            todo += children.get(p, [])
+    return tree
+
+
+def listeners(host) -> list[dict]:
+    """Listening TCP sockets as `ss -ltnpH` sees them: address, port and owning pids."""
+    out = []
+    for line in host.run("ss -ltnpH").stdout.splitlines():
+        parts = line.split()
+        if len(parts) < 4:
+            continue
+        addr, _, port = parts[3].rpartition(":")
+        if not port.isdigit():
+            continue
+        out.append({"address": addr.strip("[]"), "port": int(port),
+                    "pids": {int(p) for p in re.findall(r"pid=(\d+)", line)}, "line": line.strip()})
+    return out
+
+
+def record_sort_key(name: str) -> tuple[str, int]:
+    """Record file names sort by finish time; `T.json` < `T-2.json` < `T-10.json` (same second)."""
+    stem = name.removesuffix(".json")
+    base, dash, n = stem.rpartition("-")
+    if dash and n.isdigit():
+        return base, int(n)
+    return stem, 1
+
+
+def report(problems: list[str]) -> None:
+    assert not problems, "\n".join(problems)
+
+
+def config_features(d, record: dict | None) -> tuple[tuple[str, ...], str]:
+    """The patch features the config selects: from configs/<name>.yml here, else from its deploy record."""
+    from sgdeploy import spec
+
+    try:
+        return spec.load(d.config).patch_features, f"configs/{d.config}.yml"
+    except spec.ConfigError:
+        if record is None:
+            return (), ""
+        return tuple(record.get("features") or ()), "its newest deploy record"
+
+
+def newest_record(host, d) -> tuple[str, dict | None]:
+    listing = host.run(f"ls -1 {shlex.quote(d.state_dir)}/records/ 2>/dev/null").stdout.split()
+    names = sorted((n for n in listing if n.endswith(".json")), key=record_sort_key)
+    if not names:
+        return "", None
+    path = f"{d.state_dir}/records/{names[-1]}"
+    return path, read_json(host, path)
+
+
+def test_release_installed_and_patched_for_the_config(host, deployments):
+    problems = []
+    for d in deployments:
+        python = f"{d.release_dir}/venv/bin/python"
+        if not host.file(python).exists:
+            problems.append(f"{d}: release {d.release} is not installed: {python} is missing")
+            continue
+        meta = read_json(host, f"{d.release_dir}/release.json")
+        if meta is None:
+            problems.append(f"{d}: {d.release_dir}/release.json is missing or not JSON")
+        elif meta.get("label") != d.release:
+            problems.append(f"{d}: {d.release_dir}/release.json says label {meta.get('label')!r}, "
+                            f"current.json says {d.release!r}")
+        probe = host.run(f"{shlex.quote(python)} -c "
+                         + shlex.quote("import importlib.metadata as m; print(m.version('sglang'))"))
+        version = probe.stdout.strip()
+        if probe.rc != 0:
+            problems.append(f"{d}: {python} cannot read the sglang distribution's version: "
+                            f"{(probe.stderr.strip().splitlines() or ['exit ' + str(probe.rc)])[-1]}")
+        elif version != f"{SGLANG_VERSION}+{d.release}":
+            problems.append(f"{d}: the release's sglang is {version}, expected {SGLANG_VERSION}+{d.release}")
+        if d.release != "stock":
+            label_features = tuple(d.release.split(".")[:-1])
+            _path, record = newest_record(host, d)
+            wanted, source = config_features(d, record)
+            if source and label_features != wanted:
+                problems.append(f"{d}: release {d.release} carries features {list(label_features)}, but "
+                                f"{source} selects {list(wanted)}: redeploy the config")
+            if meta is not None and tuple(meta.get("features") or ()) != label_features:
+                problems.append(f"{d}: release.json lists features {meta.get('features')}, the label names "
+                                f"{list(label_features)}")
+        unit_exec = host.run(f"systemctl show -p ExecStart --value {shlex.quote(d.unit)}").stdout
+        if f"path={python} " not in unit_exec and f"path={python};" not in unit_exec:
+            problems.append(f"{d}: {d.unit} does not run the release's python {python}: ExecStart {unit_exec.strip()}")
+    report(problems)
+
+
+def test_unit_enabled_active_and_runs_as_sglang(host, deployments):
+    problems = []
+    for d in deployments:
+        service = host.service(d.unit)
+        if not service.is_enabled:
+            problems.append(f"{d}: {d.unit} is not enabled (it would not start at boot)")
+        state = host.run(f"systemctl is-active {shlex.quote(d.unit)}").stdout.strip()
+        if state != "active":
+            problems.append(f"{d}: {d.unit} is {state or 'unknown'}, not active")
+            continue
+        user = host.run(f"systemctl show -p User --value {shlex.quote(d.unit)}").stdout.strip()
+        if user != SERVICE_USER:
+            problems.append(f"{d}: {d.unit} has User={user or '(root)'}, expected {SERVICE_USER}")
+        pid = main_pid(host, d.unit)
+        owner = host.run(f"ps -o user= -p {pid}").stdout.strip() if pid else ""
+        if owner != SERVICE_USER:
+            problems.append(f"{d}: {d.unit}'s main process (pid {pid}) runs as {owner or '?'}, not {SERVICE_USER}")
+    report(problems)
+
+
+def test_port_bound_to_the_configured_address_only(host, hostvars, deployments):
+    problems = []
+    socks = listeners(host)
+    for d in deployments:
+        configured = hostvars.get("sglang_bind_address") or d.bind_address
+        if d.bind_address != configured:
+            problems.append(f"{d}: deployed to bind {d.bind_address}, the inventory's sglang_bind_address is "
+                            f"{configured}: redeploy the config")
+        if d.bind_address in WILDCARDS:
+            problems.append(f"{d}: binds to every address ({d.bind_address}); set serving.host or "
+                            "sglang_bind_address to one address")
+        wild = [s for s in socks if s["port"] == d.port and s["address"] in WILDCARDS]
+        for s in wild:
+            problems.append(f"{d}: port {d.port} is open on every address: {s['line']}")
+        pid = main_pid(host, d.unit)
+        if not pid:
+            problems.append(f"{d}: {d.unit} has no main process, so nothing of it listens on "
+                            f"{d.bind_address}:{d.port}")
+            continue
+        tree = process_tree(host, pid)
+        own = [s for s in socks if s["pids"] & tree]
+        if not any(s["port"] == d.port and s["address"] == d.bind_address for s in own):
+            where = sorted({f"{s['address']}:{s['port']}" for s in own})
+            problems.append(f"{d}: {d.unit} (pid {pid}) does not listen on {d.bind_address}:{d.port}; "
+                            f"it listens on {', '.join(where) or 'nothing'}")
+        for s in own:
+            if s["port"] in d.current["ports"] and s["address"] != d.bind_address:
+                problems.append(f"{d}: {d.unit} listens on {s['address']}:{s['port']}, not only on {d.bind_address}")
+    report(problems)
+
+
+def test_env_file_is_0640_root_sglang(host, deployments):
+    problems = []
+    for d in deployments:
+        f = host.file(d.env_file)
+        if not f.exists:
+            problems.append(f"{d}: {d.env_file} is missing")
+            continue
+        if (f.mode, f.user, f.group) != (0o640, "root", SERVICE_USER):
+            problems.append(f"{d}: {d.env_file} is {f.mode:04o} {f.user}:{f.group}, expected 0640 root:{SERVICE_USER} "
+                            "(it may hold secrets)")
+    report(problems)
+
+
+def test_newest_deploy_record_is_green(host, deployments):
+    problems = []
+    for d in deployments:
+        path, record = newest_record(host, d)
+        if not path:
+            problems.append(f"{d}: no deploy record in {d.state_dir}/records/")
+            continue
+        if record is None:
+            problems.append(f"{d}: {path} is not readable JSON")
+            continue
+        outcome, gates = record.get("outcome"), record.get("gates") or []
+        if outcome not in ("deployed", "unchanged"):
+            problems.append(f"{d}: newest record {path} has outcome {outcome!r}: {record.get('message', '')}")
+        if not gates:
+            problems.append(f"{d}: newest record {path} has no gate results")
+        for g in gates:
+            if g.get("verdict") != "pass":
+                problems.append(f"{d}: newest record {path}: gate {g.get('gate')} {g.get('verdict')}: "
+                                f"{g.get('reason')}")
+        if record.get("release") != d.release:
+            problems.append(f"{d}: newest record {path} is of release {record.get('release')}, "
+                            f"current.json says {d.release}")
+    report(problems)
+
+
+def test_hf_hub_offline(host, deployments):
+    problems = []
+    for d in deployments:
+        env = host.run(f"systemctl show -p Environment --value {shlex.quote(d.unit)}").stdout.split()
+        if "HF_HUB_OFFLINE=1" not in env:
+            problems.append(f"{d}: {d.unit} does not set HF_HUB_OFFLINE=1 (Environment: {' '.join(env) or 'none'})")
+        pid = main_pid(host, d.unit)
+        if pid:
+            # The environment file is applied after Environment= and could override it: ask the process.
+            running = host.run(f"tr '\\0' '\\n' < /proc/{pid}/environ")
+            values = [v for v in running.stdout.splitlines() if v.startswith("HF_HUB_OFFLINE=")]
+            if running.rc == 0 and values != ["HF_HUB_OFFLINE=1"]:
+                problems.append(f"{d}: {d.unit}'s process (pid {pid}) runs with {values or 'no HF_HUB_OFFLINE'}")
+    report(problems)
+
+
+@pytest.fixture(autouse=True)
+def _name_the_configs(request, deployments):
+    """Show which configs a check covered (pytest -rA / -v prints them with the result)."""
+    request.node.user_properties.append(("configs", json.dumps([d.config for d in deployments])))
