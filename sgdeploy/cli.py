@@ -77,10 +77,12 @@ def cmd_render(args: argparse.Namespace) -> int:
             "env_name": rendered.env_name, "env": str(env_path), "release": host.release_label,
             "argv": list(rendered.argv), "digest": rendered.digest, "ports": list(config.ports),
             "gpus": list(config.serving.gpus), "bind_address": render.bind_address(config, host),
-            "features": list(config.patch_features), "url": service_url(config, host), "speculative": config.speculative_enabled,
+            "features": list(config.patch_features), "url": service_url(config, host),
+            "speculative": config.speculative_enabled,
             "gates": config.gates.as_mapping(), "start_timeout_s": config.serving.start_timeout_s,
             "stop_timeout_s": config.serving.stop_timeout_s,
             "drain_timeout_s": config.serving.drain_timeout_s,
+            "models": render.model_sources(config),
         }, indent=2))
     else:
         print(unit_path)

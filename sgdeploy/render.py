@@ -8,6 +8,7 @@ template serves `make render` and the Ansible deploy (which calls this module).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import shlex
 import shutil
@@ -18,7 +19,8 @@ from pathlib import Path
 
 import jinja2
 
-from sgdeploy.spec import Config
+from sgdeploy import models
+from sgdeploy.spec import Config, Drafter, Model, controller_folder
 
 TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "templates" / "systemd"
 RELEASE_ROOT = "/opt/sglang/releases"
@@ -53,6 +55,38 @@ class Rendered:
         return hashlib.sha256((self.unit_text + "\0" + self.env_text).encode()).hexdigest()[:16]
 
 
+@functools.lru_cache(maxsize=32)
+def _controller_digest(folder: str, mtime_ns: int) -> tuple[str, int]:
+    sha, total, _files = models.folder_digest(Path(folder))
+    return sha, total
+
+
+def model_source(m: Model | Drafter, role: str, models_root: str = models.MODELS_ROOT) -> dict:
+    """Where a model comes from and the folder on the host the service loads it from (docs/models.md)."""
+    out: dict = {"role": role, "source": m.source}
+    if m.source == "hf":
+        out.update(repo=m.path, revision=m.revision, allow_patterns=list(m.allow_patterns or []),
+                   local_dir=models.local_dir("hf", repo=m.path, revision=m.revision, root=models_root))
+    elif m.source == "path":
+        out.update(local_dir=m.path)
+    else:
+        folder = controller_folder(m.controller_path or "").resolve()
+        sha, total = _controller_digest(str(folder), folder.stat().st_mtime_ns)
+        version = m.version or sha[:16]
+        out.update(name=folder.name, controller_path=str(folder), sha=sha, bytes=total, version=version,
+                   version_given=m.version is not None,
+                   local_dir=models.local_dir("controller", name=folder.name, version=version, root=models_root))
+    return out
+
+
+def model_sources(config: Config) -> list[dict]:
+    """The target model and the drafter (when there is one), as the models role needs them."""
+    out = [model_source(config.model, "model")]
+    if config.drafter is not None and config.speculative.algorithm != "NONE":
+        out.append(model_source(config.drafter, "drafter"))
+    return out
+
+
 def bind_address(config: Config, host: HostSettings) -> str:
     return host.bind_address or config.serving.host
 
@@ -61,7 +95,7 @@ def launch_args(config: Config, host: HostSettings) -> list[str]:
     """The SGLang flags the config implies, in a fixed order."""
     sv, sp = config.serving, config.speculative
     args = [
-        "--model-path", config.model.path,
+        "--model-path", model_source(config.model, "model")["local_dir"],
         "--tp-size", str(sv.tp_size),
         "--host", bind_address(config, host),
         "--port", str(sv.port),
@@ -70,14 +104,13 @@ def launch_args(config: Config, host: HostSettings) -> list[str]:
         "--mem-fraction-static", f"{sv.mem_fraction_static:g}",
         "--enable-metrics",
     ]
-    if config.model.revision:
-        args += ["--revision", config.model.revision]
+    # The weights are a local folder (placed by the models role before the switch): no --revision.
     if sv.max_running_requests is not None:
         args += ["--max-running-requests", str(sv.max_running_requests)]
     if sp.algorithm != "NONE":
         assert config.drafter is not None
         args += ["--speculative-algorithm", sp.algorithm,
-                 "--speculative-draft-model-path", config.drafter.path,
+                 "--speculative-draft-model-path", model_source(config.drafter, "drafter")["local_dir"],
                  "--speculative-dflash-block-size", str(sp.block_size)]
     if sp.algorithm == "DDTREE":
         args += ["--speculative-ddtree-budget", str(sp.budget),

@@ -27,6 +27,14 @@ MAX_TOPK_CAP = 16
 FEATURE_ORDER = ("ddtree", "fork", "topk")
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Where a model's weights come from (docs/models.md).
+MODEL_SOURCES = ("hf", "path", "controller")
+HF_REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+REVISION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+MODEL_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+# The fields each source takes (besides `source`; the model's recurrent_layers always).
+SOURCE_FIELDS = {"hf": ("path", "revision", "allow_patterns"), "path": ("path",),
+                 "controller": ("controller_path", "version")}
 
 
 class ConfigError(Exception):
@@ -39,15 +47,23 @@ class ConfigError(Exception):
 
 @dataclass(frozen=True)
 class Model:
-    path: str
+    path: str | None
     revision: str | None
     recurrent_layers: bool
+    source: str = "hf"
+    controller_path: str | None = None
+    version: str | None = None
+    allow_patterns: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
 class Drafter:
-    path: str
+    path: str | None
     revision: str | None
+    source: str = "hf"
+    controller_path: str | None = None
+    version: str | None = None
+    allow_patterns: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -144,13 +160,21 @@ SCHEMA: dict[str, Any] = {
     "extends": ("str", None),
     "description": ("str", ""),
     "model": {
-        "path": ("str", REQUIRED),
+        "source": ("choice", "hf", MODEL_SOURCES),
+        "path": ("str", None),
         "revision": ("str", None),
+        "controller_path": ("str", None),
+        "version": ("str", None),
+        "allow_patterns": ("list[str]", None),
         "recurrent_layers": ("bool", REQUIRED),
     },
     "drafter": {
-        "path": ("str", REQUIRED),
+        "source": ("choice", "hf", MODEL_SOURCES),
+        "path": ("str", None),
         "revision": ("str", None),
+        "controller_path": ("str", None),
+        "version": ("str", None),
+        "allow_patterns": ("list[str]", None),
     },
     "speculative": {
         "algorithm": ("choice", "NONE", ALGORITHMS),
@@ -447,6 +471,11 @@ def validate(merged: dict[str, Any], source: Path, name: str) -> Config:
             chk.bad("speculative.reproduce_state_leak", True,
                     "only with state_forking: false on a model with recurrent layers")
 
+    # Model sources.
+    for part in ("model", "drafter"):
+        if v[part] is not None and not (part == "drafter" and algo == "NONE"):
+            _check_source(chk, part, v[part])
+
     # Serving.
     gpus, tp = serving["gpus"], serving["tp_size"]
     if isinstance(gpus, list):
@@ -509,6 +538,9 @@ def validate(merged: dict[str, Any], source: Path, name: str) -> Config:
     if chk.problems:
         raise ConfigError(chk.problems)
 
+    for part in ("model", "drafter"):
+        if v[part] is not None and v[part]["allow_patterns"] is not None:
+            v[part]["allow_patterns"] = tuple(v[part]["allow_patterns"])
     model = Model(**v["model"])
     drafter = Drafter(**v["drafter"]) if v["drafter"] is not None and algo != "NONE" else None
     speculative = Speculative(**{k: val for k, val in spec.items() if val is not None or k == "algorithm"})
@@ -523,11 +555,69 @@ def validate(merged: dict[str, Any], source: Path, name: str) -> Config:
                   speculative=speculative, serving=serving_obj, gates=Gates(**gates), merged=merged)
 
 
+def controller_folder(controller_path: str) -> Path:
+    """A `source: controller` folder: absolute, or relative to the repository root."""
+    p = Path(controller_path)
+    return p if p.is_absolute() else REPO_ROOT / p
+
+
+def _check_source(chk: _Checker, part: str, m: dict[str, Any]) -> None:
+    source = m["source"]
+    if source is None:  # an invalid choice, already reported
+        return
+    for key in ("path", "revision", "controller_path", "version", "allow_patterns"):
+        if m[key] is not None and key not in SOURCE_FIELDS[source]:
+            users = [s for s, keys in SOURCE_FIELDS.items() if key in keys]
+            chk.bad(f"{part}.{key}", m[key], f"only for source {' or '.join(users)}, not {source} (set it to null "
+                                            "when a parent config gives it)")
+    if source == "hf":
+        if m["path"] is None:
+            chk.bad(f"{part}.path", ABSENT, "required for source hf: a Hugging Face repository ORG/NAME")
+        elif not HF_REPO_RE.match(m["path"]):
+            chk.bad(f"{part}.path", m["path"], "for source hf, a Hugging Face repository ORG/NAME (letters, digits, "
+                                               "'.', '_', '-'); for a folder on the host use source: path")
+        if m["revision"] is None:
+            chk.bad(f"{part}.revision", ABSENT, "required for source hf: pin a commit hash (or a branch or tag name)")
+        elif not REVISION_RE.match(m["revision"]):
+            chk.bad(f"{part}.revision", m["revision"], "a commit hash, branch or tag of letters, digits, '.', '_' "
+                                                       "and '-'")
+    elif source == "path":
+        if m["path"] is None:
+            chk.bad(f"{part}.path", ABSENT, "required for source path: the model folder on the host")
+        elif not m["path"].startswith("/") or any(c.isspace() for c in m["path"]):
+            chk.bad(f"{part}.path", m["path"], "for source path, an absolute folder on the host without spaces "
+                                               "(e.g. /mnt/models/Qwen3.6-27B)")
+    elif source == "controller":
+        cp = m["controller_path"]
+        if cp is None:
+            chk.bad(f"{part}.controller_path", ABSENT, "required for source controller: a model folder on the "
+                                                       "controller (absolute or relative to the repository)")
+        else:
+            folder = controller_folder(cp)
+            if not folder.is_dir():
+                chk.bad(f"{part}.controller_path", cp, f"must be an existing folder on the controller ({folder})")
+            elif not (folder / "config.json").is_file():
+                chk.bad(f"{part}.controller_path", cp, f"the folder {folder} has no config.json: not a model folder")
+            elif not MODEL_NAME_RE.match(folder.name):
+                chk.bad(f"{part}.controller_path", cp, "the folder name must be letters, digits, '.', '_' and '-'")
+        if m["version"] is not None and not MODEL_NAME_RE.match(m["version"]):
+            chk.bad(f"{part}.version", m["version"], "letters, digits, '.', '_' and '-'")
+
+
 def load(name_or_path: str | Path, config_dir: Path = CONFIG_DIR) -> Config:
     """Resolve, merge `extends` and validate. Raises ConfigError."""
     path = resolve(name_or_path, config_dir)
     merged = load_merged(path, path.parent)
     return validate(merged, path, path.stem)
+
+
+def _source_yaml(m: Model | Drafter) -> dict[str, Any]:
+    out: dict[str, Any] = {"source": m.source}
+    for key in SOURCE_FIELDS[m.source]:
+        value = getattr(m, key)
+        if value is not None:
+            out[key] = list(value) if isinstance(value, tuple) else value
+    return out
 
 
 def to_yaml(config: Config) -> str:
@@ -542,11 +632,10 @@ def to_yaml(config: Config) -> str:
     sv = config.serving
     out: dict[str, Any] = {
         "description": config.description,
-        "model": {"path": config.model.path, "revision": config.model.revision,
-                  "recurrent_layers": config.model.recurrent_layers},
+        "model": {**_source_yaml(config.model), "recurrent_layers": config.model.recurrent_layers},
     }
     if config.drafter is not None:
-        out["drafter"] = {"path": config.drafter.path, "revision": config.drafter.revision}
+        out["drafter"] = _source_yaml(config.drafter)
     out["speculative"] = spec
     out["serving"] = {
         "gpus": list(sv.gpus), "tp_size": sv.tp_size, "host": sv.host, "port": sv.port,

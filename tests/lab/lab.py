@@ -27,6 +27,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -565,6 +566,8 @@ def write_inventory(lab: Lab) -> None:
             "          # The stand-in NVIDIA apt repository and where the stand-in module reports its version.",
             '          nvidia_apt_repo_line: "deb [trusted=yes] file:/srv/lab-apt ./"',
             "          nvidia_driver_module_version_file: /run/lab-nvidia/module-version",
+            "          # The stand-in of the Hugging Face hub that serves small stand-in models.",
+            "          sglang_models_hf_endpoint: " + q("http://{}:{}".format(*hub_address(lab))),
         ]
     lab.inventory.parent.mkdir(parents=True, exist_ok=True)
     tmp = lab.inventory.with_name(lab.inventory.name + ".tmp")
@@ -633,12 +636,59 @@ def up(lab: Lab) -> int:
             raise LabError("; ".join(sorted(errors)))
         for host in lab.hosts:
             container_pidns(host.dir)  # remembered for `down`, should nspawn ever die first
+        start_hub(lab)
         write_inventory(lab)
     for host in lab.hosts:
         note = "started" if host in started else "already running"
         print(f"{host.name}\t{host.address}\t{states[host.name]}\tgpus={host.gpu_count}\t{note}")
     log(f"up in {time.monotonic() - start:.1f}s; inventory {lab.inventory}")
     return 0
+
+
+HUB_PORT = 8480
+
+
+def hub_address(lab: Lab) -> tuple[str, int]:
+    """Where the lab's stand-in of the Hugging Face hub listens (on the controller's loopback)."""
+    return f"{lab.net}.254", HUB_PORT
+
+
+def hub_running(lab: Lab) -> bool:
+    host, port = hub_address(lab)
+    try:
+        with socket.create_connection((host, port), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+def start_hub(lab: Lab) -> None:
+    """Serve stand-in models for any ORG/NAME, so the models role's real download code runs."""
+    if hub_running(lab):
+        return
+    host, port = hub_address(lab)
+    log_file = open(lab.dir / "hub.log", "ab")  # noqa: SIM115 - handed to the child
+    proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve().parent / "hub_standin.py"), "serve",
+                             "--bind", host, "--port", str(port), "--synthesize"],
+                            stdout=log_file, stderr=log_file, stdin=subprocess.DEVNULL, start_new_session=True)
+    (lab.dir / "hub.pid").write_text(str(proc.pid))
+    for _ in range(100):
+        if hub_running(lab):
+            return
+        if proc.poll() is not None:
+            break
+        time.sleep(0.1)
+    raise LabError(f"the hub stand-in did not start on {host}:{port}; see {lab.dir / 'hub.log'}")
+
+
+def stop_hub(lab: Lab) -> None:
+    pid_file = lab.dir / "hub.pid"
+    try:
+        pid = int(pid_file.read_text())
+        os.kill(pid, signal.SIGTERM)
+    except (OSError, ValueError):
+        pass
+    pid_file.unlink(missing_ok=True)
 
 
 def stop_host(host_dir: Path, timeout: float = 60) -> None:
@@ -728,6 +778,8 @@ def down(lab: Lab) -> int:
         if hosts_dir.exists():
             shutil.rmtree(hosts_dir)
         lab.inventory.unlink(missing_ok=True)
+        if lab.dir.exists():
+            stop_hub(lab)
     names = ", ".join(d.name for d in dirs) or "no hosts"
     log(f"down in {time.monotonic() - start:.1f}s ({names}); the rootfs cache {lab.cache / 'rootfs'} is kept")
     return 0

@@ -15,10 +15,14 @@ from sgdeploy import render, spec
 REPO = Path(__file__).resolve().parents[2]
 LABEL = "ddtree.fork.topk.0123abcd"
 PY = f"/opt/sglang/releases/{LABEL}/venv/bin/python"
-COMMON = ["--model-path", "Qwen/Qwen3.6-27B", "--tp-size", "1", "--host", "127.0.0.1", "--port", "30000",
+MODELS = "/var/lib/sglang/models"
+# The unit loads local folders placed by the models role (docs/models.md): no --revision.
+COMMON = ["--model-path", f"{MODELS}/Qwen--Qwen3.6-27B/main", "--tp-size", "1", "--host", "127.0.0.1",
+          "--port", "30000",
           "--nccl-port", "30001", "--attention-backend", "triton", "--mem-fraction-static", "0.85",
-          "--enable-metrics", "--revision", "main"]
-DRAFT = ["--speculative-draft-model-path", "z-lab/Qwen3.6-27B-DFlash", "--speculative-dflash-block-size", "16"]
+          "--enable-metrics"]
+DRAFT = ["--speculative-draft-model-path", f"{MODELS}/z-lab--Qwen3.6-27B-DFlash/main",
+         "--speculative-dflash-block-size", "16"]
 
 
 def ddtree(budget: int) -> list[str]:
@@ -35,14 +39,14 @@ EXPECTED = {
     "ddtree-b64": COMMON + ddtree(64),
     "ddtree-b15-nofork": COMMON + ddtree(15),
     "ddtree-b64-nofork": COMMON + ddtree(64),
-    "base-kimi-k2.6": ["--model-path", "moonshotai/Kimi-K2.6", "--tp-size", "8", "--host", "127.0.0.1",
+    "base-kimi-k2.6": ["--model-path", f"{MODELS}/moonshotai--Kimi-K2.6/main", "--tp-size", "8", "--host", "127.0.0.1",
                        "--port", "30000", "--nccl-port", "30001", "--attention-backend", "flashinfer",
-                       "--mem-fraction-static", "0.88", "--enable-metrics", "--revision", "main",
+                       "--mem-fraction-static", "0.88", "--enable-metrics",
                        "--trust-remote-code"],
 }
 EXPECTED["kimi-k2.6-ddtree-b64-tp8"] = (
     EXPECTED["base-kimi-k2.6"][:-1]
-    + ["--speculative-algorithm", "DDTREE", "--speculative-draft-model-path", "z-lab/Kimi-K2.6-DFlash",
+    + ["--speculative-algorithm", "DDTREE", "--speculative-draft-model-path", f"{MODELS}/z-lab--Kimi-K2.6-DFlash/main",
        "--speculative-dflash-block-size", "16", "--speculative-ddtree-budget", "64",
        "--speculative-ddtree-topk-cap", "8", "--trust-remote-code"])
 

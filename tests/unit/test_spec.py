@@ -63,8 +63,8 @@ def test_make_config_output_round_trips(name, tmp_path):
 
 
 BASE = """
-model: {path: Qwen/Qwen3.6-27B, recurrent_layers: true}
-drafter: {path: z-lab/Qwen3.6-27B-DFlash}
+model: {path: Qwen/Qwen3.6-27B, revision: main, recurrent_layers: true}
+drafter: {path: z-lab/Qwen3.6-27B-DFlash, revision: main}
 speculative: {algorithm: DDTREE, block_size: 16, budget: 15, topk_cap: 8, state_forking: true}
 serving: {gpus: [0], tp_size: 1, port: 30000, attention_backend: triton}
 """
@@ -109,6 +109,23 @@ BAD = [
     ("fork-on-pure-attention", {"model": {"recurrent_layers": False}}, "speculative.state_forking",
      "only for models with recurrent layers"),
     ("env-not-mapping", {"serving": {"env": ["A=1"]}}, "serving.env", "mapping"),
+    # Model sources (docs/models.md).
+    ("source-unknown", {"model": {"source": "s3"}}, "model.source", "must be one of hf, path, controller"),
+    ("hf-without-revision", {"drafter": {"revision": None}}, "drafter.revision", "required for source hf"),
+    ("hf-repo-not-org-name", {"model": {"path": "/srv/models/x"}}, "model.path", "ORG/NAME"),
+    ("hf-revision-with-slash", {"model": {"revision": "refs/pr/1"}}, "model.revision", "commit hash, branch or tag"),
+    ("path-relative", {"model": {"source": "path", "revision": None, "path": "models/x"}}, "model.path",
+     "absolute folder on the host"),
+    ("path-with-revision", {"model": {"source": "path", "path": "/srv/m"}}, "model.revision",
+     "only for source hf, not path"),
+    ("controller-without-folder", {"model": {"source": "controller", "path": None, "revision": None}},
+     "model.controller_path", "required for source controller"),
+    ("controller-folder-missing", {"drafter": {"source": "controller", "path": None, "revision": None,
+                                               "controller_path": "/nonexistent/tiny"}},
+     "drafter.controller_path", "existing folder on the controller"),
+    ("controller-with-revision", {"drafter": {"source": "controller", "path": None,
+                                              "controller_path": "/nonexistent/tiny"}},
+     "drafter.revision", "only for source hf, not controller"),
 ]
 
 

@@ -1,0 +1,250 @@
+"""Model and drafter weights on the host before the switch (issue 11), end to end in the lab.
+
+Real ansible-playbook over SSH into the lab host, the real sgdeploy.models fetcher on the host
+talking HTTP to the hub stand-in (tests/lab/hub_standin.py) that this test process serves on
+127.0.0.1 (the lab hosts share this machine's network namespace), real systemd running the rendered
+unit with the simulated engine, which reads `<model-path>/config.json` to decide whether the model
+is hybrid. Order matters: later tests check that a failed models step leaves the service of an
+earlier one running.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.lab
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+CONFIGS = HERE / "configs"
+FIXTURES = REPO / "build" / "lab-fixtures" / "models"
+MODELS = "/var/lib/sglang/models"
+TOKEN = "hf_lab_standin_token"
+TARGET_COMMIT = "5e1f00000000000000000000000000000000aa01"
+DRAFT_COMMIT = "5e1f00000000000000000000000000000000bb01"
+HOST = "lab1"
+TIMINGS: dict[str, float] = {}
+
+sys.path.insert(0, str(HERE))
+import hub_standin  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def hub():
+    with hub_standin.HubStandin("127.0.0.1", 0, token=TOKEN) as h:
+        # A target big enough (4 MB of weights) to cut midway, and a drafter.
+        h.add_repo("lab-org/Tiny-Qwen3.6", hub_standin.tiny_model_files(weight_floats=1 << 20),
+                   commit=TARGET_COMMIT, branches=("main",))
+        h.add_repo("lab-org/Tiny-Qwen3.6-DFlash", hub_standin.tiny_model_files(hybrid=False, extras=False),
+                   commit=DRAFT_COMMIT, branches=("main",))
+        h.add_repo("lab-org/Huge-Model", hub_standin.tiny_model_files(extras=False), branches=("main",),
+                   fake_sizes={"model.safetensors": 10**16})
+        yield h
+
+
+@pytest.fixture(scope="module")
+def fixtures(lab):
+    """The controller's tiny target folder, and the drafter folder already on the host (shared storage)."""
+    shutil.rmtree(FIXTURES, ignore_errors=True)
+    hub_standin.write_model(FIXTURES / "tiny-qwen3.6", hub_standin.tiny_model_files(extras=False))
+    files = hub_standin.tiny_model_files(hybrid=False, weight_floats=1024, extras=False)
+    payload = json.dumps({n: base64.b64encode(v).decode() for n, v in files.items()})
+    script = ("import json, pathlib, base64, sys; d = pathlib.Path('/srv/lab-models/tiny-dflash'); "
+              "d.mkdir(parents=True); "
+              "[(d / n).write_bytes(base64.b64decode(v)) for n, v in json.load(sys.stdin).items()]")
+    lab.ssh(HOST, f'rm -rf /srv/lab-models && python3 -c "{script}"', input=payload)
+    return FIXTURES
+
+
+def deploy(lab, config: str, hub=None, **extra) -> tuple[object, float]:
+    extra_vars = {"config": str(CONFIGS / f"{config}.yml")}
+    if hub is not None:
+        extra_vars.update(sglang_models_hf_endpoint=hub.url, sglang_models_hf_token=TOKEN)
+    extra_vars.update(extra)
+    start = time.monotonic()
+    proc = lab.ansible_playbook("playbooks/deploy.yml", "--limit", HOST, extra_vars=extra_vars, check=False,
+                                timeout=600)
+    TIMINGS[config + f"#{len(TIMINGS)}"] = round(time.monotonic() - start, 1)
+    return proc, time.monotonic() - start
+
+
+def run_role(lab, tmp_path, config: str, **role_vars):
+    """Only the sglang_models role, for the models of `config` (as the deploy would pass them)."""
+    import subprocess
+
+    render = subprocess.run([sys.executable, "-m", "sgdeploy", "render", str(CONFIGS / f"{config}.yml"),
+                             "--release", "x", "--no-verify", "--json", "--out", str(tmp_path / "render")],
+                            capture_output=True, text=True, cwd=REPO, check=True)
+    play = [{"name": "models only", "hosts": HOST, "gather_facts": False,
+             "roles": [{"role": "sglang_models", "sglang_models_list": json.loads(render.stdout)["models"],
+                        **role_vars}]}]
+    playbook = tmp_path / "models-only.yml"
+    playbook.write_text(json.dumps(play))
+    return lab.ansible_playbook(playbook, check=False, timeout=300)
+
+
+def out(proc) -> str:
+    return proc.stdout + proc.stderr
+
+
+def models_task_results(output: str) -> dict[str, list[str]]:
+    """For each task of the sglang_models role that ran: its result words (ok, changed, skipping)."""
+    results: dict[str, list[str]] = {}
+    task = None
+    for line in output.splitlines():
+        if line.startswith("TASK ["):
+            task = line[6:line.index("]")] if line[6:].startswith("sglang_models : ") else None
+        elif task and line.split(":")[0] in ("ok", "changed", "skipping", "failed", "fatal"):
+            results.setdefault(task, []).append(line.split(":")[0])
+    assert results, f"no sglang_models task in the output:\n{output[-3000:]}"
+    return results
+
+
+def exec_argv(lab, unit: str) -> list[str]:
+    text = lab.ssh(HOST, f"cat /etc/systemd/system/{unit}").stdout
+    line = next(ln for ln in text.splitlines() if ln.startswith("ExecStart="))
+    return line.removeprefix("ExecStart=").split()
+
+
+def flag(argv: list[str], name: str) -> str:
+    return argv[argv.index(name) + 1]
+
+
+def main_pid(lab, unit: str) -> str:
+    return lab.ssh(HOST, f"systemctl show -p MainPID --value {unit}").stdout.strip()
+
+
+def server_info(lab) -> dict:
+    return json.loads(lab.ssh(HOST, f"curl -sf http://{lab.address(HOST)}:30000/get_server_info").stdout)
+
+
+def generate(lab) -> dict:
+    body = json.dumps({"text": "Hello", "sampling_params": {"temperature": 0, "max_new_tokens": 8}})
+    return json.loads(lab.ssh(HOST, f"curl -sf -X POST http://{lab.address(HOST)}:30000/generate "
+                                    f"-H 'Content-Type: application/json' -d '{body}'").stdout)
+
+
+def host_path_exists(lab, path: str) -> bool:
+    return lab.ssh(HOST, f"test -e {path}", check=False).returncode == 0
+
+
+def test_controller_copy_and_host_path_deploy_end_to_end(lab, fixtures):
+    from sgdeploy import models
+
+    sha = models.folder_digest(fixtures / "tiny-qwen3.6")[0]
+    target = f"{MODELS}/tiny-qwen3.6/{sha[:16]}"
+    proc, _ = deploy(lab, "lab-models-local")
+    assert proc.returncode == 0, out(proc)[-4000:]
+    unit = "sglang-lab-models-local.service"
+    argv = exec_argv(lab, unit)
+    assert flag(argv, "--model-path") == target
+    assert flag(argv, "--speculative-draft-model-path") == "/srv/lab-models/tiny-dflash"
+    assert "--revision" not in argv
+    # The simulator loaded the copied folder's config.json and saw the hybrid layout in it.
+    sim = server_info(lab)["simulator"]
+    assert sim["hybrid_model"] is True and sim["hybrid_source"] == f"{target}/config.json"
+    assert generate(lab)["meta_info"]["spec_verify_ct"] > 0
+    # The copy is complete, verified, owned by the service user; nothing half-done is left.
+    marker = json.loads(lab.ssh(HOST, f"cat {target}/{models.MARKER}").stdout)
+    assert marker["sha"] == sha and {f["name"] for f in marker["files"]} >= {"config.json", "model.safetensors"}
+    assert lab.ssh(HOST, f"stat -c %U {target} {target}/model.safetensors").stdout.split() == ["sglang", "sglang"]
+    assert not host_path_exists(lab, f"{target}.incomplete")
+    # The service can never download at start.
+    env = lab.ssh(HOST, f"systemctl show -p Environment {unit}").stdout
+    assert "HF_HUB_OFFLINE=1" in env and "HF_HOME=/var/lib/sglang/hf" in env
+
+
+def test_missing_host_path_fails_naming_the_path(lab, fixtures, tmp_path):
+    proc = run_role(lab, tmp_path, "lab-models-missing-path")
+    text = out(proc)
+    assert proc.returncode != 0
+    assert "MODELS NOT READY on lab1: drafter path /srv/lab-models/not-there: no such folder on this host" in text, \
+        text[-3000:]
+
+
+def test_hub_download_resumes_then_a_second_run_transfers_nothing(lab, fixtures, hub):
+    before = main_pid(lab, "sglang-lab-models-local.service")
+    target = f"{MODELS}/lab-org--Tiny-Qwen3.6/{TARGET_COMMIT}"
+    weights = len(hub_standin.tiny_model_files(weight_floats=1 << 20)["model.safetensors"])
+    cut = weights // 2
+    # Start from nothing on the host (an earlier run of this file leaves the folders; the service
+    # now running, lab-models-local, does not use them).
+    lab.ssh(HOST, f"rm -rf {MODELS}/lab-org--Tiny-Qwen3.6 {MODELS}/lab-org--Tiny-Qwen3.6-DFlash")
+    # 1. The hub breaks the weights' transfer midway and the deploy may not retry: it fails in the
+    #    models step, before anything is switched, and keeps the partial download.
+    hub.reset_counters()
+    hub.cut_after = cut
+    proc, _ = deploy(lab, "lab-models-hf", hub, sglang_models_fetch_retries=0)
+    text = out(proc)
+    assert proc.returncode != 0
+    assert "model.safetensors: transfer ended at" in text and "run again to resume" in text, text[-3000:]
+    assert "The previous service was not touched" in text
+    assert TOKEN not in text  # the token is never logged
+    assert main_pid(lab, "sglang-lab-models-local.service") == before
+    assert not host_path_exists(lab, target)
+    part = lab.ssh(HOST, f"stat -c %s {target}.incomplete/model.safetensors.part").stdout.strip()
+    assert int(part) == cut
+    # 2. Again: the download resumes where it stopped (HTTP Range), the deploy goes through.
+    hub.reset_counters()
+    proc, _ = deploy(lab, "lab-models-hf", hub)
+    assert proc.returncode == 0, out(proc)[-4000:]
+    weights_path = f"/lab-org/Tiny-Qwen3.6/resolve/{TARGET_COMMIT}/model.safetensors"
+    ranges = [r for _m, p, r in hub.requests if p == weights_path]
+    assert ranges == [f"bytes={cut}-"]
+    argv = exec_argv(lab, "sglang-lab-models-hf.service")
+    assert flag(argv, "--model-path") == target and "--revision" not in argv
+    assert flag(argv, "--speculative-draft-model-path") == f"{MODELS}/lab-org--Tiny-Qwen3.6-DFlash/{DRAFT_COMMIT}"
+    files = lab.ssh(HOST, f"cd {target} && find . -type f | sort").stdout.split()
+    assert "./model.safetensors" in files and "./modeling_tiny.py" in files
+    skipped = {"./README.md", "./pytorch_model.bin", "./original/consolidated.00.pth", "./.gitattributes"}
+    assert not skipped & set(files)
+    want = hashlib.sha256(hub_standin.tiny_model_files(weight_floats=1 << 20)["model.safetensors"]).hexdigest()
+    assert lab.ssh(HOST, f"sha256sum {target}/model.safetensors").stdout.split()[0] == want
+    sim = server_info(lab)["simulator"]
+    assert sim["hybrid_source"] == f"{target}/config.json" and sim["hybrid_model"] is True
+    assert generate(lab)["text"]
+    # 3. A third run: the markers match, not one file byte crosses the wire, nothing changes.
+    hub.reset_counters()
+    proc, _ = deploy(lab, "lab-models-hf", hub)
+    assert proc.returncode == 0, out(proc)[-4000:]
+    assert hub.bytes_served == 0 and not any("/resolve/" in p for _m, p, _r in hub.requests)
+    # Not one task of the models role changed anything (the rest of the deploy may: another
+    # worker's patch edits change the release label).
+    results = models_task_results(proc.stdout)
+    assert not any("changed" in r for r in results.values()), results
+    assert set(results["sglang_models : Fetch from the hub (resumable; verified; renamed into place when complete)"]) \
+        == {"skipping"}, results
+
+
+def test_not_enough_disk_fails_before_any_change(lab, fixtures, hub, tmp_path):
+    hub.reset_counters()
+    proc = run_role(lab, tmp_path, "lab-models-huge", sglang_models_hf_endpoint=hub.url,
+                    sglang_models_hf_token=TOKEN)
+    text = out(proc)
+    assert proc.returncode != 0
+    assert "not enough disk for model lab-org/Huge-Model@main (10.0 PB" in text, text[-3000:]
+    assert "free on the filesystem of" in text and "nothing was changed" in text
+    assert hub.bytes_served == 0
+    assert not host_path_exists(lab, f"{MODELS}/lab-org--Huge-Model")
+
+
+def test_without_the_token_the_hub_refuses(lab, fixtures, hub, tmp_path):
+    proc = run_role(lab, tmp_path, "lab-models-huge", sglang_models_hf_endpoint=hub.url)
+    text = out(proc)
+    assert proc.returncode != 0
+    assert "401 unauthorized" in text and "no token was sent" in text and "sglang_models_hf_token" in text, text[-3000:]
+
+
+def test_timings_are_recorded():
+    path = REPO / "build" / "lab-models-timings.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(TIMINGS, indent=2))
+    assert TIMINGS
