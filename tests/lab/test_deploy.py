@@ -67,6 +67,19 @@ def output_of(proc) -> str:
     return proc.stdout + proc.stderr
 
 
+RESET = ("for u in $(systemctl list-unit-files 'sglang-*' --no-legend | cut -d' ' -f1); do "
+         "systemctl disable --now $u; done; rm -f /etc/systemd/system/sglang-*.service /etc/sglang/*.env; "
+         "rm -rf /var/lib/sglang-deploy /run/sglang-deploy.lock; systemctl daemon-reload")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def fresh_hosts(lab):
+    """Start from hosts with no service and no deploy state (releases and models stay: they are caches)."""
+    for host in lab.hosts:
+        lab.ssh(host, RESET)
+    yield
+
+
 def test_ddtree_b15_deploys_and_passes_its_gates(lab):
     proc = deploy(lab, "ddtree-b15")
     assert proc.returncode == 0, output_of(proc)[-4000:]

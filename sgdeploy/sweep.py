@@ -1,0 +1,584 @@
+"""Budget sweep: deploy a DDTree config at each budget (× top-k cap), benchmark it, find the cliff.
+
+    python -m sgdeploy.sweep --config BASE --budgets "8 15 16 32 64" [--topk-caps "4 8"]
+        --inventory INV [--host HOST] [--out reports/sweeps] [--cliff-drop 0.25]
+        [--requests N] [--max-tokens M] [--bench-timeout S] [-e VARS ...] [--json]
+
+One variant at a time on one host: a variant config ``build/sweeps/<id>/configs/<base>-b<B>-k<K>.yml``
+(``extends: <base>``), deployed by the normal playbook with ``sglang_deploy_gate_mode=smoke`` (each
+deploy drains and stops the previous variant: they share GPU and port), benchmarked from the
+controller through an SSH tunnel with the config's bench settings, then drained. Afterwards (also
+after a failure, Ctrl-C or SIGTERM) the config that ran on the host before the sweep is deployed again
+with the normal gates; when none ran, the sweep's variant units are stopped and disabled.
+
+Exit status: 0 the sweep completed and the host is restored; 1 a variant failed to deploy or be
+measured (its row is marked failed), or the restore failed; 2 bad input (nothing was deployed);
+130 interrupted (after restoring). Report: ``<out>/<base>-<UTC timestamp>/`` with results.json,
+results.md and sweep.png (see docs/sweep.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from sgdeploy import bench, report, serving, spec, tunnel
+
+REPO_ROOT = spec.REPO_ROOT
+BUILD_DIR = REPO_ROOT / "build" / "sweeps"
+PLAYBOOK = REPO_ROOT / "playbooks" / "deploy.yml"
+TOOLS_DIR = "/usr/local/lib/sgdeploy"
+HOST_GROUP = "gpu_hosts"
+
+
+class UsageError(ValueError):
+    """Bad input found before anything was deployed: exit 2, one line per problem."""
+
+    def __init__(self, problems: list[str] | str):
+        self.problems = [problems] if isinstance(problems, str) else list(problems)
+        super().__init__("\n".join(self.problems))
+
+
+# --------------------------------------------------------------------------------------------------
+# Plan: parse the lists, write and validate the variant configs (no host is touched)
+
+
+def parse_numbers(text: str, what: str, option: str) -> list[int]:
+    """``"8 15, 32"`` → [8, 15, 32]; a non-number or a repeat is a UsageError naming it."""
+    items = [t for t in re.split(r"[\s,]+", text.strip()) if t]
+    if not items:
+        raise UsageError(f"{option} {text!r}: give at least one {what}, e.g. {option} \"8 15 32\"")
+    out: list[int] = []
+    for item in items:
+        try:
+            value = int(item)
+        except ValueError:
+            raise UsageError(f"{option} {text!r}: {item!r} is not a whole number; give {what}s separated "
+                             "by spaces") from None
+        if value in out:
+            raise UsageError(f"{option} {text!r}: {what} {value} is given twice")
+        out.append(value)
+    return out
+
+
+@dataclass(frozen=True)
+class Variant:
+    budget: int
+    topk_cap: int
+    name: str
+    path: Path
+    reproduce_state_leak: bool
+
+
+def variant_name(base: str, budget: int, cap: int) -> str:
+    return f"{base}-b{budget}-k{cap}"
+
+
+def needs_state_leak(base: spec.Config, budget: int) -> bool:
+    """Without state forking on a recurrent model, a budget above block_size - 1 collapses the
+    acceptance; spec refuses it unless the config opts in. The sweep measures the collapse on purpose."""
+    s = base.speculative
+    return (base.model.recurrent_layers and not s.state_forking and s.block_size is not None
+            and budget > s.block_size - 1)
+
+
+def load_base(name_or_path: str) -> spec.Config:
+    try:
+        base = spec.load(name_or_path)
+    except spec.ConfigError as err:
+        raise UsageError(err.problems) from None
+    if base.speculative.algorithm != "DDTREE":
+        raise UsageError(f"--config {name_or_path}: speculative.algorithm is {base.speculative.algorithm}; "
+                         "a budget sweep needs a DDTREE config (e.g. ddtree-b15)")
+    return base
+
+
+def plan_variants(base: spec.Config, budgets: list[int], caps: list[int] | None,
+                  config_dir: Path) -> list[Variant]:
+    """Write one config per budget × cap (in that order) into ``config_dir`` and validate each.
+
+    Without ``caps`` every variant keeps the base's top-k cap, lowered to the budget where the budget
+    is smaller (a cap cannot exceed the budget). Raises UsageError with every problem found.
+    """
+    config_dir.mkdir(parents=True, exist_ok=True)
+    parent = base.name
+    if base.source.parent.resolve() != spec.CONFIG_DIR.resolve():
+        # A base outside configs/: put its merged form beside the variants so that `extends` finds it.
+        (config_dir / f"{base.name}.yml").write_text(spec.to_yaml(base))
+    variants, problems = [], []
+    for budget in budgets:
+        for cap in caps if caps else [min(base.speculative.topk_cap, budget) if budget >= 1
+                                      else base.speculative.topk_cap]:
+            name = variant_name(base.name, budget, cap)
+            leak = needs_state_leak(base, budget)
+            speculative: dict[str, Any] = {"budget": budget, "topk_cap": cap}
+            if leak != base.speculative.reproduce_state_leak:
+                speculative["reproduce_state_leak"] = leak
+            data = {"extends": parent,
+                    "description": f"{base.description or base.name}: sweep variant, budget {budget}, top-k cap {cap}",
+                    "speculative": speculative}
+            path = config_dir / f"{name}.yml"
+            header = (f"# Sweep variant of {base.name}: budget {budget}, top-k cap {cap}"
+                      + (" (measures the state-leak collapse on purpose)" if leak else "") + "\n")
+            path.write_text(header + yaml.safe_dump(data, sort_keys=False))
+            try:
+                spec.load(path)
+            except spec.ConfigError as err:
+                problems.extend(f"budget {budget} cap {cap}: {p}" for p in err.problems)
+                continue
+            variants.append(Variant(budget, cap, name, path.resolve(), leak))
+    if problems:
+        raise UsageError(problems)
+    return variants
+
+
+# --------------------------------------------------------------------------------------------------
+# Inventory
+
+
+def _bin(name: str) -> str:
+    local = Path(sys.executable).parent / name
+    return str(local) if local.exists() else (shutil.which(name) or name)
+
+
+def read_inventory(inventory: Path) -> dict:
+    """``ansible-inventory --list`` of the inventory (groups and ``_meta.hostvars``)."""
+    if not inventory.is_file():
+        raise UsageError(f"--inventory {inventory}: no such file")
+    proc = subprocess.run([_bin("ansible-inventory"), "-i", str(inventory), "--list"], capture_output=True,
+                          text=True, cwd=REPO_ROOT, stdin=subprocess.DEVNULL, check=False)
+    try:
+        data = json.loads(proc.stdout)
+    except ValueError:
+        data = None
+    if proc.returncode != 0 or not isinstance(data, dict):
+        why = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise UsageError(f"--inventory {inventory}: ansible-inventory could not read it: {why}")
+    return data
+
+
+def group_hosts(data: dict, group: str) -> list[str]:
+    out: list[str] = []
+
+    def walk(name: str, seen: set[str]) -> None:
+        if name in seen:
+            return
+        seen.add(name)
+        entry = data.get(name) or {}
+        for h in entry.get("hosts", []):
+            if h not in out:
+                out.append(h)
+        for child in entry.get("children", []):
+            walk(child, seen)
+
+    walk(group, set())
+    return out
+
+
+def pick_host(data: dict, inventory: Path, host: str | None) -> tuple[str, dict]:
+    hosts = group_hosts(data, HOST_GROUP)
+    if not hosts:
+        raise UsageError(f"--inventory {inventory}: group {HOST_GROUP} has no hosts; list the GPU servers there")
+    if host is None:
+        host = hosts[0]
+    elif host not in hosts:
+        raise UsageError(f"--host {host}: not in group {HOST_GROUP} of {inventory}; hosts there: {', '.join(hosts)}")
+    return host, data.get("_meta", {}).get("hostvars", {}).get(host, {})
+
+
+# --------------------------------------------------------------------------------------------------
+# Signals: Ctrl-C and SIGTERM stop the sweep, never a deploy or the restore halfway
+
+
+class Signals:
+    """While ``raising``, SIGINT/SIGTERM raise KeyboardInterrupt; otherwise they are only noted."""
+
+    def __init__(self, say):
+        self.raising = True
+        self.received: str | None = None
+        self._say = say
+        self._old: dict = {}
+
+    def _handle(self, signum, frame) -> None:
+        name = signal.Signals(signum).name
+        first = self.received is None
+        self.received = name
+        if self.raising:
+            self.raising = False
+            raise KeyboardInterrupt(name)
+        if first:
+            self._say(f"{name}: letting the step in progress finish, then the sweep stops and restores the host")
+
+    def install(self) -> None:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self._old[sig] = signal.signal(sig, self._handle)
+
+    def uninstall(self) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+
+
+# --------------------------------------------------------------------------------------------------
+# One sweep
+
+
+@dataclass
+class DeployResult:
+    ok: bool
+    seconds: float
+    message: str
+    log: Path
+
+
+def failure_message(output: str) -> str:
+    """The line of an ansible-playbook run that says why it failed."""
+    text = output.replace("\\n", " ")
+    for pattern in (r"(DEPLOY (?:FAILED|REFUSED)[^\n]*)", r"(GATE FAILED[^\n]*)", r"(ERROR![^\n]*)"):
+        found = re.findall(pattern, text)
+        if found:
+            return re.sub(r"[\s\\\"'}]+$", "", re.sub(r"\s+", " ", found[-1])).strip()
+    fatal = [line for line in text.splitlines() if line.startswith("fatal:")]
+    if fatal:
+        return fatal[-1][:400]
+    tail = [line for line in text.splitlines() if line.strip()]
+    return tail[-1][:400] if tail else "no output"
+
+
+@dataclass
+class Sweep:
+    base: spec.Config
+    variants: list[Variant]
+    inventory: Path
+    host: str
+    hostvars: dict
+    sweep_id: str
+    report_dir: Path
+    cliff_drop: float
+    requests: int
+    concurrency: int
+    max_tokens: int
+    bench_timeout: float
+    json_out: bool = False
+    extra_vars: list[str] = field(default_factory=list)
+    rows: list[dict] = field(default_factory=list)
+    deployed: list[Variant] = field(default_factory=list)
+
+    # ---- output
+    def say(self, line: str) -> None:
+        print(line, file=sys.stderr if self.json_out else sys.stdout, flush=True)
+
+    @property
+    def target(self) -> tunnel.Target:
+        return tunnel.Target.from_hostvars(self.host, self.hostvars)
+
+    @property
+    def bind(self) -> str:
+        address = str(self.hostvars.get("sglang_bind_address") or self.base.serving.host)
+        return "127.0.0.1" if address == "0.0.0.0" else address
+
+    # ---- host
+    def running_before(self) -> list[str]:
+        """Configs active on the host now that a variant would replace (same GPU, or same address and port)."""
+        command = (f"if [ -d {TOOLS_DIR}/sgdeploy ]; then PYTHONPATH={TOOLS_DIR} python3 -m sgdeploy.hoststate "
+                   "deployed; else echo '{\"deployed\": []}'; fi")
+        rc, out, err = tunnel.run(self.target, command)
+        try:
+            deployed = json.loads(out)["deployed"]
+        except (ValueError, KeyError, TypeError):
+            raise tunnel.TunnelError(f"{self.host}: hoststate deployed exited {rc}: "
+                                     f"{(err or out).strip()[:300]}") from None
+        sv = self.base.serving
+        clash = []
+        for d in deployed:
+            if not d.get("active"):
+                continue
+            same_gpu = set(d.get("gpus", [])) & set(sv.gpus)
+            same_port = d.get("bind_address") == self.bind and set(d.get("ports", [])) & {sv.port, sv.nccl_port}
+            if same_gpu or same_port:
+                clash.append(d["config"])
+        return clash
+
+    def deploy(self, config: str | Path, gate_mode: str, log: Path, protect: Signals) -> DeployResult:
+        """Run the deploy playbook for one host; a signal waits for it (a deploy is a transaction)."""
+        log.parent.mkdir(parents=True, exist_ok=True)
+        cmd = [_bin("ansible-playbook"), "-i", str(self.inventory), str(PLAYBOOK), "-e", f"config={config}",
+               "-e", f"sglang_deploy_gate_mode={gate_mode}", "--limit", self.host]
+        for extra in self.extra_vars:
+            cmd += ["-e", extra]
+        start = time.monotonic()
+        was = protect.raising
+        protect.raising = False
+        try:
+            with open(log, "w") as f:
+                f.write("$ " + " ".join(cmd) + "\n")
+                f.flush()
+                # Its own session: Ctrl-C in the terminal reaches the sweep, not the deploy halfway through.
+                proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                        cwd=REPO_ROOT, start_new_session=True)
+                rc = proc.wait()
+        finally:
+            protect.raising = was and protect.received is None
+        seconds = time.monotonic() - start
+        output = log.read_text(errors="replace")
+        ok = rc == 0
+        return DeployResult(ok, round(seconds, 1), "" if ok else failure_message(output), log)
+
+    # ---- measure
+    def measure(self, variant: Variant) -> dict:
+        prompts = bench.load_prompts()
+        with tunnel.forward(self.target, remote_port=self.base.serving.port, remote_host=self.bind) as url:
+            result = bench.run(url, prompts, self.requests, self.concurrency, self.max_tokens, self.bench_timeout)
+            drained = serving.wait_drained(url, timeout=self.base.serving.drain_timeout_s)
+        if not drained.ok:
+            self.say(f"    note: {variant.name} not drained after the bench ({drained.state}: {drained.detail}); "
+                     "the next deploy drains it")
+        return result.to_dict()
+
+    def row_from_bench(self, variant: Variant, b: dict, deploy_s: float) -> dict:
+        ok = b["completed"] > 0 and b["accept_length_mean"] is not None
+        error = None
+        if not ok:
+            error = (b["errors"][0]["message"] if b["errors"]
+                     else "no completed request reported speculative metrics")
+        return report.variant_row(
+            variant.budget, variant.topk_cap, accept_length_mean=b["accept_length_mean"],
+            accept_length_sd=b["accept_length_stdev"], tokens_per_s=b["tokens_per_s"] if ok else None,
+            step_time_ms=b["step_time_ms_mean"], requests=b["requests"], failures=b["failed"],
+            status="ok" if ok else "failed", error=error, config=variant.name, deploy_s=deploy_s,
+            completed=b["completed"], bench_wall_s=b["wall_s"], bench_errors=b["errors"][:3],
+            reproduce_state_leak=variant.reproduce_state_leak)
+
+    # ---- restore
+    def restore(self, before: list[str], protect: Signals) -> dict:
+        """Put the host back: deploy what ran before (normal gates), or stop and disable the variants."""
+        protect.raising = False
+        if not self.deployed:
+            return {"action": "none", "ok": True, "configs": [], "detail": "no variant was deployed"}
+        if before:
+            done = []
+            for name in before:
+                path = restore_target(name, self.base)
+                if path is None:
+                    return {"action": "redeploy", "ok": False, "configs": done,
+                            "detail": f"config {name} (ran before the sweep) is not in {spec.CONFIG_DIR} or beside "
+                                      f"{self.base.source}; deploy it by hand"}
+                self.say(f"restoring {name} on {self.host} (normal gates) ...")
+                result = self.deploy(path, "full", self.report_dir / "logs" / f"restore-{name}.log", protect)
+                if not result.ok:
+                    return {"action": "redeploy", "ok": False, "configs": done,
+                            "detail": f"deploying {name} again failed: {result.message} (log: {result.log})"}
+                done.append(name)
+            self.cleanup_variants(stop=False)
+            return {"action": "redeploy", "ok": True, "configs": done,
+                    "detail": f"{', '.join(done)} deployed again and passed its gates"}
+        self.say(f"nothing ran on {self.host} before the sweep: stopping and disabling the variants ...")
+        problem = self.cleanup_variants(stop=True)
+        return {"action": "stop", "ok": problem is None, "configs": [],
+                "detail": problem or "the sweep's variant units are stopped and disabled"}
+
+    def cleanup_variants(self, stop: bool) -> str | None:
+        """Disable every variant unit that was installed (and stop it when ``stop``); forget their current.json."""
+        names = " ".join(v.name for v in self.deployed)
+        command = (f"rc=0; for n in {names}; do u=sglang-$n.service; "
+                   f"if [ -e /etc/systemd/system/$u ]; then systemctl disable {'--now ' if stop else ''}--quiet $u "
+                   "|| rc=1; fi; rm -f /var/lib/sglang-deploy/$n/current.json; "
+                   "if systemctl is-active --quiet $u; then echo \"$u is still active\"; rc=1; fi; done; exit $rc")
+        try:
+            rc, out, err = tunnel.run(self.target, command)
+        except tunnel.TunnelError as exc:
+            return str(exc)
+        if rc != 0 or out.strip():
+            return f"stopping the variant units failed (exit {rc}): {(out + err).strip()[:300]}"
+        return None
+
+    # ---- the whole run
+    def run(self) -> tuple[int, dict]:
+        protect = Signals(self.say)
+        protect.install()
+        started = report_time()
+        interrupted = False
+        crashed: str | None = None
+        before: list[str] = []
+        try:
+            try:
+                before = self.running_before()
+            except tunnel.TunnelError as exc:
+                protect.uninstall()
+                self.say(f"sweep: cannot read what runs on {self.host}: {exc}; nothing was deployed")
+                return 1, {}
+            self.say(f"sweep {self.sweep_id}: {len(self.variants)} variants of {self.base.name} on {self.host}; "
+                     f"running before: {', '.join(before) or 'nothing'}; bench {self.requests} requests x "
+                     f"{self.max_tokens} tokens, concurrency {self.concurrency}")
+            total = len(self.variants)
+            for i, v in enumerate(self.variants, 1):
+                label = f"[{i}/{total}] budget {v.budget} cap {v.topk_cap}"
+                self.say(f"{label}: deploying {v.name} ...")
+                self.deployed.append(v)
+                result = self.deploy(v.path, "smoke", self.report_dir / "logs" / f"{v.name}.log", protect)
+                if protect.received:
+                    raise KeyboardInterrupt(protect.received)
+                if not result.ok:
+                    self.rows.append(report.variant_row(v.budget, v.topk_cap, status="failed",
+                                                        error=f"deploy failed: {result.message}", config=v.name,
+                                                        deploy_s=result.seconds))
+                    self.say(f"{label}: FAILED to deploy after {result.seconds:.0f} s: {result.message} "
+                             f"(log: {result.log})")
+                else:
+                    try:
+                        b = self.measure(v)
+                    except Exception as exc:  # tunnel, bench or anything else: this variant is not measured
+                        self.rows.append(report.variant_row(v.budget, v.topk_cap, status="failed",
+                                                            error=f"bench failed: {exc}", config=v.name,
+                                                            deploy_s=result.seconds))
+                        self.say(f"{label}: FAILED to measure: {exc}")
+                    else:
+                        row = self.row_from_bench(v, b, result.seconds)
+                        self.rows.append(row)
+                        self.say(f"{label}: {progress(row)}")
+                if protect.received:
+                    raise KeyboardInterrupt(protect.received)
+        except KeyboardInterrupt as exc:
+            interrupted = True
+            self.say(f"sweep interrupted ({exc.args[0] if exc.args else 'SIGINT'}) after "
+                     f"{len(self.rows)} of {len(self.variants)} variants; restoring {self.host}")
+        except Exception as exc:  # a bug or a lost controller resource: still put the host back
+            crashed = f"{type(exc).__name__}: {exc}"
+            self.say(f"sweep stopped by an error ({crashed}); restoring {self.host}")
+        restore = self.restore(before, protect)
+        interrupted = interrupted or protect.received is not None
+        protect.uninstall()
+        results = report.build_results(
+            config=self.base.name, host=self.host, started=started, finished=report_time(), variants=self.rows,
+            cliff_drop=self.cliff_drop, restored=(", ".join(restore["configs"]) or None) if restore["ok"] else None,
+            restore=restore, interrupted=interrupted, error=crashed, sweep_id=self.sweep_id,
+            bench={"requests": self.requests, "concurrency": self.concurrency, "max_new_tokens": self.max_tokens,
+                   "prompts_digest": bench.prompts_digest(bench.load_prompts())})
+        paths = report.write(results, self.report_dir)
+        self.say(summary(results, paths))
+        if not restore["ok"]:
+            self.say(f"RESTORE FAILED on {self.host}: {restore['detail']}")
+            return 1, results
+        if interrupted:
+            return 130, results
+        if crashed or any(r["status"] != "ok" for r in self.rows):
+            return 1, results
+        return 0, results
+
+
+def restore_target(name: str, base: spec.Config) -> Path | None:
+    for folder in (spec.CONFIG_DIR, base.source.parent):
+        for suffix in (".yml", ".yaml"):
+            p = folder / f"{name}{suffix}"
+            if p.is_file():
+                return p.resolve()
+    return None
+
+
+def report_time() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def progress(row: dict) -> str:
+    if row["status"] != "ok":
+        return f"FAILED: {row['error']}"
+    return (f"accept {row['accept_length_mean']:.1f} (sd {row['accept_length_sd']:.1f}), "
+            f"{row['tokens_per_s']:.1f} tok/s, step {row['step_time_ms']:.0f} ms, "
+            f"{row['requests'] - row['failures']}/{row['requests']} requests")
+
+
+def summary(results: dict, paths: dict[str, Path]) -> str:
+    lines = []
+    cliff = results["cliff"]
+    lines.append(f"cliff: budget {cliff['budget']} cap {cliff['topk_cap']} (accept length -{cliff['drop_pct']:.1f}%)"
+                 if cliff else "cliff: none")
+    lines.append(f"recommendation: {results['recommendation']}")
+    if results["warning"]:
+        lines.append(f"warning: {results['warning']}")
+    r = results["restore"]
+    lines.append(f"host: {r['detail']}")
+    lines.append(f"report: {paths['md']} ({paths['json'].name}, {paths['png'].name})")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------------
+# Command line
+
+
+def _fraction(text: str) -> float:
+    try:
+        return report.check_cliff_drop(float(text))
+    except (ValueError, report.ReportError):
+        raise argparse.ArgumentTypeError(f"{text!r}: must be a fraction above 0 and below 1 (e.g. 0.25)") from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = serving._Parser(prog="python -m sgdeploy.sweep", description=__doc__.splitlines()[0])
+    p.add_argument("--config", required=True, help="a DDTREE config (name in configs/ or a path)")
+    p.add_argument("--budgets", required=True, help='budgets, e.g. "8 15 16 32 64"')
+    p.add_argument("--topk-caps", help='top-k caps, e.g. "4 8" (default: the config\'s cap)')
+    p.add_argument("--inventory", required=True, type=Path, help="Ansible inventory (YAML or INI)")
+    p.add_argument("--host", help=f"inventory host (default: the first of group {HOST_GROUP})")
+    p.add_argument("--out", type=Path, default=Path("reports/sweeps"), help="report folder (default reports/sweeps)")
+    p.add_argument("--cliff-drop", type=_fraction, default=report.DEFAULT_CLIFF_DROP,
+                   help="accept-length drop from the best so far that marks the cliff (default 0.25)")
+    p.add_argument("--requests", type=serving._positive(int), help="bench requests (default: gates.bench_requests)")
+    p.add_argument("--max-tokens", type=serving._positive(int),
+                   help="tokens per bench request (default: gates.bench_max_tokens)")
+    p.add_argument("--bench-timeout", type=serving._positive(float), default=600.0,
+                   help="seconds for one variant's bench (default 600)")
+    p.add_argument("-e", "--extra-vars", action="append", default=[], metavar="VARS",
+                   help="passed to every ansible-playbook run (the variants' and the restore's), as its -e")
+    p.add_argument("--json", action="store_true", help="print results.json on stdout (progress goes to stderr)")
+    return p
+
+
+def prepare(args: argparse.Namespace) -> Sweep:
+    """Everything that can be checked before a host is touched. Raises UsageError."""
+    budgets = parse_numbers(args.budgets, "budget", "--budgets")
+    caps = parse_numbers(args.topk_caps, "top-k cap", "--topk-caps") if args.topk_caps is not None else None
+    base = load_base(args.config)
+    inv = read_inventory(args.inventory)
+    host, hostvars = pick_host(inv, args.inventory, args.host)
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    sweep_id = f"{base.name}-{stamp}"
+    n = 1
+    while (args.out / sweep_id).exists() or (BUILD_DIR / sweep_id).exists():
+        n += 1
+        sweep_id = f"{base.name}-{stamp}-{n}"
+    variants = plan_variants(base, budgets, caps, BUILD_DIR / sweep_id / "configs")
+    g = base.gates
+    return Sweep(base=base, variants=variants, inventory=args.inventory.resolve(), host=host, hostvars=hostvars,
+                 sweep_id=sweep_id, report_dir=(args.out / sweep_id).resolve(), cliff_drop=args.cliff_drop,
+                 requests=args.requests or g.bench_requests, concurrency=g.bench_concurrency,
+                 max_tokens=args.max_tokens or g.bench_max_tokens, bench_timeout=args.bench_timeout,
+                 json_out=args.json, extra_vars=list(args.extra_vars))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        sweep = prepare(args)
+    except UsageError as err:
+        for line in err.problems:
+            print(f"{parser.prog}: {line}", file=sys.stderr)
+        return 2
+    code, results = sweep.run()
+    if args.json and results:
+        print(json.dumps(results, indent=2))
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,153 @@
+"""Sweep report: cliff detection, recommendation, warning, and the three files (issue 10)."""
+
+from __future__ import annotations
+
+import json
+import struct
+
+import pytest
+
+from sgdeploy import report
+
+
+def row(budget, cap, acc, tps, status="ok", **kw):
+    if status != "ok":
+        return report.variant_row(budget, cap, status=status, error=kw.get("error", "deploy failed: x"))
+    return report.variant_row(budget, cap, accept_length_mean=acc, accept_length_sd=0.3, tokens_per_s=tps,
+                              step_time_ms=80.0, requests=12, failures=0)
+
+
+# The simulator's no-forking curve (tests/sim/README.md): a cliff right after block_size - 1 = 15.
+NOFORK = [row(8, 8, 9.0, 112.9), row(15, 8, 15.0, 172.8), row(32, 8, 7.2, 92.2), row(64, 8, 4.8, 63.4)]
+FORK = [row(8, 8, 9.0, 112.9), row(15, 8, 15.0, 172.8), row(32, 8, 15.6, 177.8), row(64, 8, 15.65, 178.9)]
+
+
+def results_of(rows, **kw):
+    return report.build_results(config="ddtree-b15-nofork", host="lab1", started="2025-01-01T00:00:00Z",
+                                finished="2025-01-01T00:05:00Z", variants=rows, **kw)
+
+
+def test_cliff_right_after_15_and_best_before_it_with_a_warning():
+    res = results_of(NOFORK)
+    assert res["cliff"] == {"budget": 32, "topk_cap": 8, "drop_pct": 52.0}
+    assert res["best"]["budget"] == 15 and res["best"]["tokens_per_s"] == 172.8
+    assert "budget 15 cap 8" in res["recommendation"] and "cliff at budget 32" in res["recommendation"]
+    assert res["warning"] is not None and "right before the acceptance cliff: budget 32" in res["warning"]
+
+
+def test_no_cliff_recommends_the_best_and_says_there_is_none():
+    res = results_of(FORK)
+    assert res["cliff"] is None and res["cliffs"] == []
+    assert res["best"]["budget"] == 64
+    assert res["recommendation"].startswith("no acceptance cliff up to budget 64")
+    assert res["warning"] is None
+
+
+def test_noise_below_the_threshold_is_no_cliff_but_a_bigger_drop_is():
+    noisy = [row(8, 8, 9.0, 110), row(15, 8, 15.0, 170), row(32, 8, 11.4, 150), row(64, 8, 14.0, 160)]
+    # 11.4 is 24% below 15.0: under the default 25%.
+    assert results_of(noisy)["cliff"] is None
+    # With a 20% threshold the same drop is the cliff; the drop is measured from the best so far (15.0 at 15).
+    res = results_of(noisy, cliff_drop=0.20)
+    assert res["cliff"] == {"budget": 32, "topk_cap": 8, "drop_pct": 24.0}
+    # A drop from the best so far, not from the previous budget: 14.0 after 11.4 is a rise, and 10 after
+    # a plateau of 15 is 33% down even though the step before it fell only a little.
+    slope = [row(8, 8, 15.0, 1), row(16, 8, 13.0, 1), row(24, 8, 11.5, 1), row(32, 8, 10.0, 1)]
+    assert results_of(slope)["cliff"]["budget"] == 32
+
+
+def test_rows_are_taken_in_budget_order_whatever_order_they_ran_in():
+    shuffled = [NOFORK[3], NOFORK[1], NOFORK[0], NOFORK[2]]
+    assert results_of(shuffled)["cliff"]["budget"] == 32
+
+
+def test_several_caps_each_get_their_own_cliff_and_the_first_is_reported():
+    rows = [row(8, 4, 8.0, 100), row(15, 4, 13.4, 157.7), row(32, 4, 12.9, 150), row(64, 4, 5.0, 60),
+            row(8, 8, 9.0, 112.9), row(15, 8, 15.0, 172.8), row(32, 8, 7.2, 92.2), row(64, 8, 4.8, 63.4)]
+    res = results_of(rows)
+    assert [(c["topk_cap"], c["budget"]) for c in res["cliffs"]] == [(4, 64), (8, 32)]
+    assert res["cliff"]["budget"] == 32 and res["cliff"]["topk_cap"] == 8
+    assert res["best"]["topk_cap"] == 8 and res["best"]["budget"] == 15
+    assert "right before" in res["warning"]
+
+
+def test_best_far_from_its_cliff_gets_no_warning():
+    rows = [row(8, 8, 9.0, 180.0), row(15, 8, 15.0, 172.8), row(32, 8, 7.2, 92.2)]
+    res = results_of(rows)
+    assert res["cliff"]["budget"] == 32 and res["best"]["budget"] == 8
+    assert res["warning"] is None
+
+
+def test_failed_rows_are_skipped_and_kept_in_the_table():
+    rows = [NOFORK[0], NOFORK[1], row(32, 8, None, None, status="failed", error="deploy failed: GATE FAILED smoke"),
+            NOFORK[3]]
+    res = results_of(rows)
+    # 64 is the first measured budget after 15: the cliff moves there.
+    assert res["cliff"]["budget"] == 64
+    assert res["variants"][2]["status"] == "failed"
+    md = report.markdown(res)
+    assert "failed: deploy failed: GATE FAILED smoke" in md
+
+
+def test_nothing_measured_recommends_nothing():
+    res = results_of([row(8, 8, None, None, status="failed")])
+    assert res["best"] is None and res["cliff"] is None
+    assert "nothing to recommend" in res["recommendation"]
+
+
+@pytest.mark.parametrize("bad", [0, 1, 1.5, -0.1, "0.25", True])
+def test_a_bad_cliff_drop_is_rejected_naming_it(bad):
+    with pytest.raises(report.ReportError, match="cliff drop"):
+        report.find_cliffs(NOFORK, bad)
+
+
+def test_results_md_has_the_table_cliff_and_recommendation():
+    res = results_of(NOFORK, restored="ddtree-b15")
+    md = report.markdown(res)
+    assert md.startswith("# Sweep of ddtree-b15-nofork on lab1")
+    assert "| budget | top-k cap | accept length | sd | tokens/s | step ms | requests | failures | status |" in md
+    assert "| 15 | 8 | 15.00 | 0.30 | 172.8 | 80.0 | 12 | 0 | ok (best) |" in md
+    assert "| 32 | 8 | 7.20 | 0.30 | 92.2 | 80.0 | 12 | 0 | ok (cliff) |" in md
+    assert "**Cliff**: budget 32 (cap 8), accept length down 52.0% from the best so far." in md
+    assert "**Recommendation**: acceptance cliff at budget 32" in md
+    assert "**Warning**:" in md and "restored ddtree-b15" in md
+
+
+def png_size(path):
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG signature"
+    length, kind = struct.unpack(">I4s", data[8:16])
+    assert kind == b"IHDR" and length == 13
+    return struct.unpack(">II", data[16:24])
+
+
+def test_write_gives_json_of_the_documented_shape_md_and_a_png(tmp_path):
+    res = results_of(NOFORK, restored="ddtree-b15")
+    paths = report.write(res, tmp_path / "out")
+    data = json.loads(paths["json"].read_text())
+    assert {"schema", "config", "host", "started", "finished", "variants", "cliff", "best", "recommendation",
+            "warning", "restored"} <= set(data)
+    assert data["schema"] == 1 and data["restored"] == "ddtree-b15"
+    for v in data["variants"]:
+        assert set(report.VARIANT_KEYS) <= set(v)
+        assert v["status"] in ("ok", "failed")
+    assert set(data["cliff"]) == {"budget", "topk_cap", "drop_pct"}
+    assert data["best"]["budget"] == 15
+    assert paths["md"].read_text() == report.markdown(res)
+    width, height = png_size(paths["png"])
+    assert (width, height) == (750, 650)
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["results.json", "results.md", "sweep.png"]
+
+
+def test_png_is_written_with_several_caps_a_failed_row_and_no_cliff(tmp_path):
+    rows = FORK + [row(8, 4, 8.0, 100), row(15, 4, None, None, status="failed")]
+    paths = report.write(results_of(rows), tmp_path)
+    assert png_size(paths["png"]) == (750, 650)
+    assert json.loads(paths["json"].read_text())["cliff"] is None
+
+
+def test_a_row_missing_a_key_is_refused():
+    bad = dict(NOFORK[0])
+    del bad["tokens_per_s"]
+    with pytest.raises(report.ReportError, match="missing tokens_per_s"):
+        results_of([bad])

@@ -1,0 +1,311 @@
+"""Sweep planning and its restore guarantee, without hosts (issue 10).
+
+The variant configs are written and validated for real; the ansible deploys, the bench and the SSH
+calls are replaced by fakes that record what the sweep asked for, so that the order of deploys,
+the exit codes and the restore after a failure, Ctrl-C or SIGTERM can be checked in a second.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import pytest
+import yaml
+
+from sgdeploy import spec, sweep
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def inventory(tmp_path, hosts=("gpu-a", "gpu-b")) -> Path:
+    inv = tmp_path / "inv.yml"
+    inv.write_text(yaml.safe_dump({"all": {"children": {
+        "gpu_hosts": {"hosts": {h: {"ansible_host": f"127.0.9.{i}", "ansible_user": "root", "gpu_count": 8}
+                                for i, h in enumerate(hosts, 1)}},
+        "other": {"hosts": {"db-1": {"ansible_host": "127.0.9.99"}}}}}}))
+    return inv
+
+
+# --------------------------------------------------------------------------------------------------
+# Variant configs
+
+
+def test_variant_names_files_and_budgets(tmp_path):
+    base = spec.load("ddtree-b15")
+    variants = sweep.plan_variants(base, [8, 32], [4, 8], tmp_path)
+    assert [v.name for v in variants] == ["ddtree-b15-b8-k4", "ddtree-b15-b8-k8", "ddtree-b15-b32-k4",
+                                          "ddtree-b15-b32-k8"]
+    for v in variants:
+        assert v.path == tmp_path / f"{v.name}.yml"
+        data = yaml.safe_load(v.path.read_text())
+        assert data["extends"] == "ddtree-b15"
+        loaded = spec.load(v.path)
+        assert (loaded.name, loaded.speculative.budget, loaded.speculative.topk_cap) == (v.name, v.budget, v.topk_cap)
+        # Everything else comes from the base: same GPU and port, so each deploy replaces the previous one.
+        assert loaded.serving == base.serving and loaded.speculative.state_forking is True
+
+
+def test_state_leak_is_set_only_above_block_size_minus_one_without_forking(tmp_path):
+    nofork = sweep.plan_variants(spec.load("ddtree-b15-nofork"), [8, 15, 16, 64], None, tmp_path / "a")
+    assert [(v.budget, v.reproduce_state_leak) for v in nofork] == [(8, False), (15, False), (16, True), (64, True)]
+    for v in nofork:
+        raw = yaml.safe_load(v.path.read_text())["speculative"]
+        assert raw.get("reproduce_state_leak", False) is v.reproduce_state_leak
+        assert spec.load(v.path).speculative.reproduce_state_leak is v.reproduce_state_leak
+    fork = sweep.plan_variants(spec.load("ddtree-b15"), [8, 64], None, tmp_path / "b")
+    assert [v.reproduce_state_leak for v in fork] == [False, False]
+    assert all("reproduce_state_leak" not in yaml.safe_load(v.path.read_text())["speculative"] for v in fork)
+
+
+def test_a_base_that_opts_into_the_leak_is_switched_off_where_it_is_not_needed(tmp_path):
+    variants = sweep.plan_variants(spec.load("ddtree-b64-nofork"), [8, 64], None, tmp_path)
+    assert [spec.load(v.path).speculative.reproduce_state_leak for v in variants] == [False, True]
+
+
+def test_without_caps_the_base_cap_is_kept_but_never_above_the_budget(tmp_path):
+    variants = sweep.plan_variants(spec.load("ddtree-b15"), [4, 15], None, tmp_path)
+    assert [(v.budget, v.topk_cap, v.name) for v in variants] == [(4, 4, "ddtree-b15-b4-k4"),
+                                                                  (15, 8, "ddtree-b15-b15-k8")]
+
+
+def test_a_base_outside_configs_is_found_by_its_variants(tmp_path):
+    base = spec.load(REPO / "tests" / "lab" / "configs" / "lab-port-31000.yml")
+    (v,) = sweep.plan_variants(base, [32], None, tmp_path)
+    assert spec.load(v.path).serving.port == 31000
+    assert (tmp_path / "lab-port-31000.yml").is_file()
+
+
+# --------------------------------------------------------------------------------------------------
+# Bad input: exit 2, one line, nothing deployed
+
+
+@pytest.fixture
+def no_deploys(monkeypatch):
+    calls = []
+
+    def fail(*a, **k):
+        calls.append(a)
+        raise AssertionError("nothing may be deployed or contacted")
+
+    monkeypatch.setattr(sweep.Sweep, "deploy", fail)
+    monkeypatch.setattr(sweep.Sweep, "running_before", fail)
+    monkeypatch.setattr(sweep, "BUILD_DIR", Path("/nonexistent-sweep-build"))
+    return calls
+
+
+def run_main(capsys, *argv):
+    try:
+        code = sweep.main(list(argv))
+    except SystemExit as exc:  # argparse's own errors
+        code = exc.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_a_non_ddtree_base_is_rejected(tmp_path, capsys, no_deploys):
+    code, out, err = run_main(capsys, "--config", "dflash-b16", "--budgets", "8 15", "--inventory",
+                              str(inventory(tmp_path)))
+    assert code == 2 and out == ""
+    assert err.strip() == ("python -m sgdeploy.sweep: --config dflash-b16: speculative.algorithm is DFLASH; "
+                           "a budget sweep needs a DDTREE config (e.g. ddtree-b15)")
+    assert "Traceback" not in err and no_deploys == []
+
+
+def test_a_bad_budget_fails_before_any_deploy(tmp_path, capsys, no_deploys, monkeypatch):
+    monkeypatch.setattr(sweep, "BUILD_DIR", tmp_path / "build")
+    code, out, err = run_main(capsys, "--config", "ddtree-b15", "--budgets", "8 15 300", "--inventory",
+                              str(inventory(tmp_path)), "--out", str(tmp_path / "reports"))
+    assert code == 2 and no_deploys == []
+    lines = err.strip().splitlines()
+    assert len(lines) == 1
+    assert "budget 300 cap 8:" in lines[0] and "speculative.budget: 300: must be between 1 and 256" in lines[0]
+    assert not (tmp_path / "reports").exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--budgets", "8 x"], "--budgets '8 x': 'x' is not a whole number"),
+    (["--budgets", "8 8"], "--budgets '8 8': budget 8 is given twice"),
+    (["--budgets", " "], "--budgets ' ': give at least one budget"),
+    (["--budgets", "8", "--topk-caps", "4 20"], "speculative.topk_cap: 20: must be between 1 and 16"),
+    (["--budgets", "8", "--cliff-drop", "1.5"], "argument --cliff-drop: '1.5': must be a fraction above 0 and below 1"),
+    (["--budgets", "8", "--requests", "0"], "argument --requests: '0' must be greater than 0"),
+    (["--budgets", "8", "--host", "db-1"], "--host db-1: not in group gpu_hosts of"),
+])
+def test_bad_arguments_name_the_option_and_value(tmp_path, capsys, no_deploys, monkeypatch, args, message):
+    monkeypatch.setattr(sweep, "BUILD_DIR", tmp_path / "build")
+    code, out, err = run_main(capsys, "--config", "ddtree-b15", "--inventory", str(inventory(tmp_path)), *args)
+    assert code == 2, err
+    assert message in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_a_missing_inventory_and_an_empty_group(tmp_path, capsys, no_deploys):
+    code, _, err = run_main(capsys, "--config", "ddtree-b15", "--budgets", "8", "--inventory",
+                            str(tmp_path / "nope.yml"))
+    assert code == 2 and f"--inventory {tmp_path / 'nope.yml'}: no such file" in err
+    empty = tmp_path / "empty.yml"
+    empty.write_text(yaml.safe_dump({"all": {"children": {"web": {"hosts": {"w1": {}}}}}}))
+    code, _, err = run_main(capsys, "--config", "ddtree-b15", "--budgets", "8", "--inventory", str(empty))
+    assert code == 2 and "group gpu_hosts has no hosts" in err
+
+
+def test_the_host_defaults_to_the_first_gpu_host(tmp_path, monkeypatch):
+    monkeypatch.setattr(sweep, "BUILD_DIR", tmp_path / "build")
+    args = sweep.build_parser().parse_args(["--config", "ddtree-b15", "--budgets", "8 32", "--inventory",
+                                            str(inventory(tmp_path)), "--out", str(tmp_path / "r")])
+    s = sweep.prepare(args)
+    assert s.host == "gpu-a" and s.hostvars["ansible_host"] == "127.0.9.1"
+    assert s.target.address == "127.0.9.1" and s.target.user == "root"
+    assert s.requests == 12 and s.max_tokens == 96  # the config's bench settings
+    assert s.report_dir.parent == (tmp_path / "r").resolve() and s.report_dir.name.startswith("ddtree-b15-")
+    assert [v.path.parent for v in s.variants] == [tmp_path / "build" / s.sweep_id / "configs"] * 2
+
+
+# --------------------------------------------------------------------------------------------------
+# The run: deploy order, exit codes and the restore, with fake deploys and benches
+
+
+class Fake:
+    """Stands in for ansible-playbook, the bench and the host; records the calls."""
+
+    def __init__(self, before=("ddtree-b15",), fail=(), interrupt_at=None, signal_at=None, restore_ok=True):
+        self.before, self.fail, self.restore_ok = list(before), set(fail), restore_ok
+        self.interrupt_at, self.signal_at = interrupt_at, signal_at
+        self.calls: list[tuple] = []
+
+    def install(self, monkeypatch):
+        fake = self
+
+        def deploy(s, config, gate_mode, log, protect):
+            name = Path(str(config)).stem
+            fake.calls.append(("deploy", name, gate_mode))
+            ok = name not in fake.fail and (gate_mode == "smoke" or fake.restore_ok)
+            return sweep.DeployResult(ok, 1.0, "" if ok else f"DEPLOY FAILED on lab1: {name}", log)
+
+        def measure(s, v):
+            fake.calls.append(("bench", v.name))
+            if v.budget == fake.interrupt_at:
+                raise KeyboardInterrupt("SIGINT")
+            if v.budget == fake.signal_at:
+                os.kill(os.getpid(), signal.SIGTERM)
+            acc = 15.0 if v.budget <= 15 else 7.0
+            return {"completed": 4, "failed": 0, "requests": 4, "accept_length_mean": acc,
+                    "accept_length_stdev": 0.2, "tokens_per_s": acc * 11.5, "step_time_ms_mean": 85.0,
+                    "errors": [], "wall_s": 2.0}
+
+        def cleanup(s, stop):
+            fake.calls.append(("cleanup", stop))
+            return None
+
+        monkeypatch.setattr(sweep.Sweep, "deploy", deploy)
+        monkeypatch.setattr(sweep.Sweep, "measure", measure)
+        monkeypatch.setattr(sweep.Sweep, "running_before", lambda s: list(fake.before))
+        monkeypatch.setattr(sweep.Sweep, "cleanup_variants", cleanup)
+
+
+def start(tmp_path, monkeypatch, fake, budgets="8 15 32"):
+    fake.install(monkeypatch)
+    monkeypatch.setattr(sweep, "BUILD_DIR", tmp_path / "build")
+    args = sweep.build_parser().parse_args(["--config", "ddtree-b15-nofork", "--budgets", budgets,
+                                            "--inventory", str(inventory(tmp_path)), "--out", str(tmp_path / "r")])
+    s = sweep.prepare(args)
+    code, results = s.run()
+    return code, results, s
+
+
+def test_a_complete_sweep_deploys_one_variant_at_a_time_then_restores(tmp_path, monkeypatch, capsys):
+    fake = Fake()
+    code, results, s = start(tmp_path, monkeypatch, fake)
+    assert code == 0
+    assert fake.calls == [
+        ("deploy", "ddtree-b15-nofork-b8-k8", "smoke"), ("bench", "ddtree-b15-nofork-b8-k8"),
+        ("deploy", "ddtree-b15-nofork-b15-k8", "smoke"), ("bench", "ddtree-b15-nofork-b15-k8"),
+        ("deploy", "ddtree-b15-nofork-b32-k8", "smoke"), ("bench", "ddtree-b15-nofork-b32-k8"),
+        ("deploy", "ddtree-b15", "full"), ("cleanup", False)]
+    assert results["restored"] == "ddtree-b15" and results["cliff"]["budget"] == 32
+    out = capsys.readouterr().out
+    assert "[2/3] budget 15 cap 8: accept 15.0 (sd 0.2), 172.5 tok/s, step 85 ms, 4/4 requests" in out
+    on_disk = json.loads((s.report_dir / "results.json").read_text())
+    assert on_disk["restored"] == "ddtree-b15" and len(on_disk["variants"]) == 3
+
+
+def test_a_failed_variant_is_a_failed_row_exit_1_and_the_host_is_restored(tmp_path, monkeypatch):
+    fake = Fake(fail={"ddtree-b15-nofork-b15-k8"})
+    code, results, _ = start(tmp_path, monkeypatch, fake)
+    assert code == 1
+    assert [r["status"] for r in results["variants"]] == ["ok", "failed", "ok"]
+    assert results["variants"][1]["error"].startswith("deploy failed: DEPLOY FAILED on lab1")
+    assert fake.calls[-2:] == [("deploy", "ddtree-b15", "full"), ("cleanup", False)]
+
+
+def test_ctrl_c_stops_the_sweep_restores_and_exits_130(tmp_path, monkeypatch):
+    fake = Fake(interrupt_at=15)
+    code, results, s = start(tmp_path, monkeypatch, fake)
+    assert code == 130
+    assert ("deploy", "ddtree-b15-nofork-b32-k8", "smoke") not in fake.calls
+    assert fake.calls[-2:] == [("deploy", "ddtree-b15", "full"), ("cleanup", False)]
+    assert results["interrupted"] is True and len(results["variants"]) == 1
+    assert (s.report_dir / "sweep.png").is_file()
+
+
+def test_sigterm_is_handled_like_ctrl_c(tmp_path, monkeypatch):
+    fake = Fake(signal_at=8)
+    handler_before = signal.getsignal(signal.SIGTERM)
+    code, results, _ = start(tmp_path, monkeypatch, fake)
+    assert code == 130 and results["interrupted"] is True
+    assert fake.calls[-2:] == [("deploy", "ddtree-b15", "full"), ("cleanup", False)]
+    assert signal.getsignal(signal.SIGTERM) == handler_before  # the sweep's handler is gone again
+
+
+def test_nothing_ran_before_so_the_variants_are_stopped_and_disabled(tmp_path, monkeypatch):
+    fake = Fake(before=())
+    code, results, _ = start(tmp_path, monkeypatch, fake, budgets="8")
+    assert code == 0 and results["restored"] is None
+    assert fake.calls[-1] == ("cleanup", True)
+    assert not any(c[0] == "deploy" and c[2] == "full" for c in fake.calls)
+
+
+def test_a_failed_restore_exits_1_and_leaves_the_variant_units_alone(tmp_path, monkeypatch, capsys):
+    fake = Fake(restore_ok=False)
+    code, results, _ = start(tmp_path, monkeypatch, fake, budgets="8")
+    assert code == 1 and results["restored"] is None and results["restore"]["ok"] is False
+    assert ("cleanup", False) not in fake.calls
+    assert "RESTORE FAILED on gpu-a: deploying ddtree-b15 again failed" in capsys.readouterr().out
+
+
+def test_an_unexpected_bench_error_fails_the_row_and_still_restores(tmp_path, monkeypatch):
+    fake = Fake()
+    fake.install(monkeypatch)
+
+    def broken(s, v):
+        raise RuntimeError("tunnel thread died")
+
+    monkeypatch.setattr(sweep.Sweep, "measure", broken)
+    monkeypatch.setattr(sweep, "BUILD_DIR", tmp_path / "build")
+    args = sweep.build_parser().parse_args(["--config", "ddtree-b15", "--budgets", "8", "--inventory",
+                                            str(inventory(tmp_path)), "--out", str(tmp_path / "r")])
+    code, results = sweep.prepare(args).run()
+    assert code == 1
+    assert results["variants"][0]["status"] == "failed"
+    assert results["variants"][0]["error"] == "bench failed: tunnel thread died"
+    assert fake.calls[-2:] == [("deploy", "ddtree-b15", "full"), ("cleanup", False)]
+
+
+def test_an_unreachable_host_deploys_nothing(tmp_path, monkeypatch, capsys):
+    fake = Fake()
+    fake.install(monkeypatch)
+
+    def unreachable(s):
+        raise sweep.tunnel.TunnelError("ssh root@127.0.9.1: NoValidConnectionsError: Unable to connect")
+
+    monkeypatch.setattr(sweep.Sweep, "running_before", unreachable)
+    monkeypatch.setattr(sweep, "BUILD_DIR", tmp_path / "build")
+    handler_before = signal.getsignal(signal.SIGINT)
+    args = sweep.build_parser().parse_args(["--config", "ddtree-b15", "--budgets", "8", "--inventory",
+                                            str(inventory(tmp_path)), "--out", str(tmp_path / "r")])
+    code, results = sweep.prepare(args).run()
+    assert code == 1 and fake.calls == []
+    assert "cannot read what runs on gpu-a: ssh root@127.0.9.1" in capsys.readouterr().out
+    assert signal.getsignal(signal.SIGINT) == handler_before
