@@ -125,10 +125,8 @@ lint: $(STAMP) ## ruff, yamllint, ansible-lint (production profile)
 test-unit: $(STAMP) ## CPU tests (no lab)
 	$(PY) -m pytest -p no:cacheprovider -q tests/unit
 
-test-lab: $(STAMP) ## Lab integration tests: lab up, tests, lab down (even on failure)
-	@$(PY) tests/lab/lab.py up
-	@rc=0; $(PY) -m pytest -p no:cacheprovider -q tests/lab || rc=$$?; \
-	 $(PY) tests/lab/lab.py down || true; exit $$rc
+test-lab: $(STAMP) ## Lab integration tests on two labs at once; both taken down, even on failure
+	@PY=$(PY) tests/lab/run.sh
 
 test: lint test-unit test-lab ## Everything CI runs: lint, unit tests, lab tests
 

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Run the lab integration tests on two labs at once (they mostly wait on SSH, systemd and the
+# simulated engine, so two streams finish in about half the time on a 2-core machine):
+#   lab A (LAB_NET, default 127.0.1): deploy, engine-in-a-unit, verify, release, the lab itself
+#   lab B (127.0.2):                  provisioning (reboots hosts), models, sweep
+# Both labs are taken down at the end, also when tests fail. Exit status: the worse of the two.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+PY=${PY:-.venv/bin/python}
+A_FILES="tests/lab/test_deploy.py tests/lab/test_engine_unit.py tests/lab/test_verify.py tests/lab/test_release.py tests/lab/test_lab.py"
+B_FILES="tests/lab/test_provision.py tests/lab/test_models.py tests/lab/test_sweep.py"
+# Every test file must be in one of the groups.
+for f in tests/lab/test_*.py; do
+  case " $A_FILES $B_FILES " in *" $f "*) ;; *) echo "tests/lab/run.sh: $f is in no group" >&2; exit 2;; esac
+done
+export LAB_B_NET=${LAB_B_NET:-127.0.2}
+b_env=(LAB_NET="$LAB_B_NET" LAB_DIR=build/lab-b LAB_INVENTORY=build/lab-b/inventory.yml)
+
+down() {
+  "$PY" tests/lab/lab.py down || true
+  env "${b_env[@]}" "$PY" tests/lab/lab.py down || true
+}
+trap down EXIT
+
+"$PY" tests/lab/lab.py up || exit 1
+env "${b_env[@]}" "$PY" tests/lab/lab.py up || exit 1
+
+mkdir -p build
+env "${b_env[@]}" "$PY" -m pytest -p no:cacheprovider -q $B_FILES > build/lab-b-tests.log 2>&1 &
+b_pid=$!
+"$PY" -m pytest -p no:cacheprovider -q $A_FILES
+a_rc=$?
+wait "$b_pid"
+b_rc=$?
+echo "---- lab B (${LAB_B_NET}.x): ${B_FILES}"
+cat build/lab-b-tests.log
+echo "---- lab A: exit ${a_rc}; lab B: exit ${b_rc}"
+[ "$a_rc" -eq 0 ] && [ "$b_rc" -eq 0 ]
