@@ -92,6 +92,7 @@ class Serving:
     start_timeout_s: int
     stop_timeout_s: int
     drain_timeout_s: int
+    forking_memory_gib: float | None = None
 
 
 @dataclass(frozen=True)
@@ -199,6 +200,7 @@ SCHEMA: dict[str, Any] = {
         "start_timeout_s": ("int", 1800),
         "stop_timeout_s": ("int", 600),
         "drain_timeout_s": ("int", 300),
+        "forking_memory_gib": ("float", None),
     },
     "gates": {
         "min_accept_length": ("float", None),
@@ -414,6 +416,45 @@ def _close_match(key: str, schema: dict[str, Any]) -> str:
     return f" (did you mean {match[0]!r}?)" if match else ""
 
 
+def _check_forking_memory(chk: _Checker, model: dict, spec: dict, serving: dict) -> None:
+    """The budget memory rule (sgdeploy.budget): with state forking on, every tree node of every
+    running request holds its own recurrent state, so the budget is bounded by the memory left
+    after weights and KV cache. Checked when the config says how much that is."""
+    gib = serving.get("forking_memory_gib")
+    if gib is None:
+        return
+    if gib <= 0:
+        chk.bad("serving.forking_memory_gib", gib, "must be above 0 (GiB per GPU left for the forking buffers)")
+        return
+    if spec.get("algorithm") != "DDTREE" or not spec.get("state_forking") or not isinstance(spec.get("budget"), int):
+        return
+    from sgdeploy import budget as budget_rule
+
+    shape = budget_rule.shape_for_model(str(model.get("path")))
+    if shape is None:
+        known = ", ".join(budget_rule.KNOWN_SHAPES)
+        chk.bad("serving.forking_memory_gib", gib, f"the recurrent shape of model {model.get('path')!r} is not "
+                f"known to sgdeploy.budget (known: {known}); add it there or leave this field out")
+        return
+    requests = serving.get("max_running_requests")
+    if not isinstance(requests, int) or requests < 1:
+        chk.bad("serving.max_running_requests", requests, "required with serving.forking_memory_gib: the forking "
+                "buffers grow with the number of running requests")
+        return
+    tp = serving.get("tp_size") if isinstance(serving.get("tp_size"), int) else 1
+    try:
+        largest = budget_rule.max_ddtree_budget(shape, max_running_requests=requests,
+                                                memory_left_bytes=int(gib * 2**30), tp_size=tp)
+        need = budget_rule.forking_buffer_bytes(shape, spec["budget"], requests, tp) / 2**30
+    except ValueError as exc:
+        chk.bad("serving.tp_size", tp, str(exc))
+        return
+    if largest is not None and spec["budget"] > largest:
+        chk.bad("speculative.budget", spec["budget"],
+                f"the forking buffers of {model.get('path')} at {requests} running request(s) need {need:.1f} GiB "
+                f"per GPU, serving.forking_memory_gib allows {gib:g}: the largest budget that fits is {largest}")
+
+
 def validate(merged: dict[str, Any], source: Path, name: str) -> Config:
     """Typed config from a merged mapping, or ConfigError with every problem found."""
     chk = _Checker(source)
@@ -514,6 +555,8 @@ def validate(merged: dict[str, Any], source: Path, name: str) -> Config:
         if flag in MANAGED_FLAGS:
             chk.bad("serving.extra_args", arg, f"{flag} is set from the config's own fields; set those instead")
 
+    _check_forking_memory(chk, v["model"], spec, serving)
+
     # Gates.
     for key in ("min_accept_length", "min_tokens_per_s"):
         g = gates[key]
@@ -549,7 +592,7 @@ def validate(merged: dict[str, Any], source: Path, name: str) -> Config:
         attention_backend=serving["attention_backend"], mem_fraction_static=mem,
         max_running_requests=mrr, extra_args=tuple(serving["extra_args"]), env=dict(serving["env"]),
         start_timeout_s=serving["start_timeout_s"], stop_timeout_s=serving["stop_timeout_s"],
-        drain_timeout_s=serving["drain_timeout_s"],
+        drain_timeout_s=serving["drain_timeout_s"], forking_memory_gib=serving["forking_memory_gib"],
     )
     return Config(name=name, source=source, description=v["description"], model=model, drafter=drafter,
                   speculative=speculative, serving=serving_obj, gates=Gates(**gates), merged=merged)
@@ -643,6 +686,7 @@ def to_yaml(config: Config) -> str:
         "mem_fraction_static": sv.mem_fraction_static, "max_running_requests": sv.max_running_requests,
         "extra_args": list(sv.extra_args), "env": dict(sv.env), "start_timeout_s": sv.start_timeout_s,
         "stop_timeout_s": sv.stop_timeout_s, "drain_timeout_s": sv.drain_timeout_s,
+        "forking_memory_gib": sv.forking_memory_gib,
     }
     out["gates"] = config.gates.as_mapping()
     header = f"# {config.name}: fully merged from {config.source}\n"

@@ -203,3 +203,40 @@ def test_unknown_config_name_lists_known_ones():
     result = run_cli("config", "ddtree-b16")
     assert result.returncode == 2
     assert "no config of that name" in result.stderr and "ddtree-b15" in result.stderr
+
+
+# The budget memory rule (sgdeploy.budget, docs/state-forking.md): 21.8 GiB left on a 96 GB card.
+FORKING = {"serving": {"forking_memory_gib": 21.8, "max_running_requests": 8}}
+
+
+def _forking_case(tmp_path, patch: dict) -> subprocess.CompletedProcess:
+    path = tmp_path / "forking.yml"
+    path.write_text(yaml.safe_dump(_patched(BASE, spec.deep_merge(FORKING, patch))))
+    return run_cli("config", str(path))
+
+
+def test_budget_memory_rule_accepts_what_fits(tmp_path):
+    result = _forking_case(tmp_path, {"speculative": {"budget": 15}})
+    assert result.returncode == 0, result.stderr
+
+
+def test_budget_memory_rule_refuses_a_budget_that_does_not_fit(tmp_path):
+    result = _forking_case(tmp_path, {"speculative": {"budget": 64}})
+    assert result.returncode == 2
+    line = next(ln for ln in result.stderr.splitlines() if ": speculative.budget: 64:" in ln)
+    assert "at 8 running request(s) need" in line and "the largest budget that fits is 15" in line
+
+
+def test_budget_memory_rule_fits_more_with_fewer_requests(tmp_path):
+    result = _forking_case(tmp_path, {"speculative": {"budget": 64}, "serving": {"max_running_requests": 1}})
+    assert result.returncode == 0, result.stderr
+
+
+def test_budget_memory_rule_needs_the_request_count(tmp_path):
+    result = _forking_case(tmp_path, {"serving": {"max_running_requests": None}})
+    assert result.returncode == 2 and ": serving.max_running_requests: " in result.stderr
+
+
+def test_budget_memory_rule_needs_a_known_model_shape(tmp_path):
+    result = _forking_case(tmp_path, {"model": {"path": "Example/Unknown-Hybrid"}})
+    assert result.returncode == 2 and "not known to sgdeploy.budget" in result.stderr
