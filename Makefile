@@ -43,7 +43,7 @@ define ensure_lab
 	fi
 endef
 
-.PHONY: help setup lint test test-unit test-lab config render validate wheel deploy rollback status \
+.PHONY: help setup lint test test-unit test-lab config render validate wheel deploy gate rollback status \
         provision build verify sweep lab-up lab-down lab-status clean
 
 help: ## List the targets
@@ -80,6 +80,11 @@ deploy: $(STAMP) ## Deploy CONFIG with gates and automatic rollback [INVENTORY= 
 	@$(PY) -m sgdeploy validate $(CONFIG) >/dev/null
 	$(ensure_lab)
 	ansible-playbook -i $(INV) $(LIMIT_ARG) playbooks/deploy.yml -e config=$(CONFIG) -e deploy_serial=$(SERIAL)
+
+gate: $(STAMP) ## Run CONFIG's gates from the controller through an SSH tunnel [HOST= INVENTORY=]
+	$(need_config)
+	$(ensure_lab)
+	@$(PY) -m sgdeploy gate $(CONFIG) --inventory $(INV) $(if $(HOST),--host $(HOST),)
 
 rollback: $(STAMP) ## Go back by hand to the previous deploy of CONFIG [INVENTORY= LIMIT=]
 	$(need_config)

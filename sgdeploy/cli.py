@@ -90,6 +90,29 @@ def cmd_render(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_gate(args: argparse.Namespace) -> int:
+    """The gates of a config, run from the controller through an SSH tunnel to one host."""
+    import tempfile
+
+    from sgdeploy import gate, sweep
+
+    config = spec.load(args.config)
+    try:
+        data = sweep.read_inventory(Path(args.inventory))
+        name, hostvars = sweep.pick_host(data, Path(args.inventory), args.host)
+    except sweep.UsageError as err:
+        print(f"python -m sgdeploy gate: {err}", file=sys.stderr)
+        return 2
+    host = render.HostSettings(release_label="unused", bind_address=hostvars.get("sglang_bind_address") or None)
+    with tempfile.NamedTemporaryFile("w", suffix=".json", prefix="sgdeploy-gate-") as f:
+        json.dump({"config": config.name, "gates": config.gates.as_mapping(),
+                   "speculative": config.speculative_enabled}, f)
+        f.flush()
+        extra = ["--only", "smoke"] if args.smoke_only else []
+        return gate.main(["--url", service_url(config, host), "--config-json", f.name, "--via-ssh", name,
+                          "--inventory", args.inventory, *extra])
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m sgdeploy", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -115,6 +138,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-verify", action="store_true", help="skip systemd-analyze verify")
     p.add_argument("--json", action="store_true", help="print a JSON description instead of paths")
     p.set_defaults(func=cmd_render)
+
+    p = sub.add_parser("gate", help="run a config's gates from the controller through an SSH tunnel")
+    p.add_argument("config")
+    p.add_argument("--inventory", required=True)
+    p.add_argument("--host", default=None, help="inventory host (default: the first of gpu_hosts)")
+    p.add_argument("--smoke-only", action="store_true")
+    p.set_defaults(func=cmd_gate)
     return parser
 
 

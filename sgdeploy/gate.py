@@ -420,7 +420,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bench-timeout", type=serving._positive(float), default=600.0,
                         help="seconds for the bench run (default 600)")
     parser.add_argument("--json", action="store_true", help="print the JSON report instead of the summary")
+    parser.add_argument("--via-ssh", metavar="HOST", help="run from the controller: reach --url as HOST sees it "
+                        "through an SSH tunnel (the service binds to loopback); needs --inventory")
+    parser.add_argument("--inventory", metavar="INV", help="the Ansible inventory that names HOST (with --via-ssh)")
     args = parser.parse_args(argv)
+    if args.via_ssh:
+        if not args.inventory:
+            print(f"{parser.prog}: --via-ssh {args.via_ssh} needs --inventory", file=sys.stderr)
+            return 2
+        return _via_ssh(parser, args, argv)
     try:
         url = serving.check_url(args.url)
         thresholds, file_speculative = load_thresholds(args.config_json, args.thresholds_json)
@@ -445,6 +453,45 @@ def main(argv: list[str] | None = None) -> int:
             print(f"bench      {report.bench.summary()}")
         print("gates passed" if report.passed else f"gates failed: {', '.join(report.failed_gates)}")
     return 0 if report.passed else 1
+
+
+def _via_ssh(parser: argparse.ArgumentParser, args: argparse.Namespace, argv: list[str] | None) -> int:
+    """Open a tunnel to the service as the host sees it, then run the gates on the local end.
+
+    Controller only (Fabric is not on the hosts): imported here so the host-side copy of this
+    module keeps to the standard library.
+    """
+    from urllib.parse import urlsplit
+
+    from sgdeploy import sweep, tunnel
+
+    try:
+        url = serving.check_url(args.url)
+        parts = urlsplit(url)
+        data = sweep.read_inventory(Path(args.inventory))
+        name, hostvars = sweep.pick_host(data, Path(args.inventory), args.via_ssh)
+    except (serving.UsageError, sweep.UsageError) as err:
+        print(f"{parser.prog}: {err}", file=sys.stderr)
+        return 2
+    rest, skip = [], False
+    for arg in (argv if argv is not None else sys.argv[1:]):
+        if skip:
+            skip = False
+            continue
+        if arg in ("--via-ssh", "--inventory", "--url"):
+            skip = True
+            continue
+        if arg.startswith(("--via-ssh=", "--inventory=", "--url=")):
+            continue
+        rest.append(arg)
+    try:
+        with tunnel.forward(tunnel.Target.from_hostvars(name, hostvars), parts.port or 80,
+                            remote_host=parts.hostname or "127.0.0.1") as local_url:
+            print(f"gates through an SSH tunnel: {local_url} -> {name} -> {url}", file=sys.stderr)
+            return main(["--url", local_url, *rest])
+    except tunnel.TunnelError as err:
+        print(f"{parser.prog}: {err}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

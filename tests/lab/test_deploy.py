@@ -113,6 +113,14 @@ def test_redeploy_changes_nothing_and_is_quick(lab):
     save_timing("no_change_redeploy_s", seconds)
 
 
+def test_gates_run_from_the_controller_through_an_ssh_tunnel(lab):
+    proc = subprocess.run([sys.executable, "-m", "sgdeploy", "gate", "ddtree-b15", "--inventory", str(lab.inventory),
+                           "--host", "lab1"], cwd=REPO, capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"-> lab1 -> http://{lab.address('lab1')}:30000" in proc.stderr
+    assert "gates passed" in proc.stdout and "acceptance PASS" in proc.stdout
+
+
 def test_collapse_config_rolls_back_on_the_acceptance_gate(lab):
     before_pid = lab.ssh("lab1", "systemctl show -p MainPID --value sglang-ddtree-b15").stdout.strip()
     proc = deploy(lab, "ddtree-b64-nofork")
