@@ -193,7 +193,9 @@ def flock(path: Path, exclusive: bool = True):
 
 
 def ensure_tools(need_debootstrap: bool) -> None:
-    wanted = {"systemd-nspawn": "systemd-container", "ssh": "openssh-client", "ssh-keygen": "openssh-client"}
+    wanted = {"systemd-nspawn": "systemd-container", "ssh": "openssh-client", "ssh-keygen": "openssh-client",
+              # the stand-in apt repository: dpkg-deb packs it, objcopy writes the fake module's .modinfo
+              "dpkg-deb": "dpkg", "objcopy": "binutils"}
     if need_debootstrap:
         wanted["debootstrap"] = "debootstrap"
     missing = sorted({pkg for tool, pkg in wanted.items() if shutil.which(tool) is None})
