@@ -16,21 +16,11 @@ import re
 import shlex
 
 import pytest
+from conftest import read_json  # the helper the fixtures use too (tests/infra/conftest.py)
 
 SERVICE_USER = "sglang"
 SGLANG_VERSION = "0.5.23"
 WILDCARDS = ("0.0.0.0", "::", "*")
-
-
-def read_json(host, path: str) -> dict | None:
-    """The JSON document at `path` on the host, or None when it is missing or not JSON."""
-    f = host.file(path)
-    if not f.exists:
-        return None
-    try:
-        return json.loads(f.content_string)
-    except ValueError:
-        return None
 
 
 def main_pid(host, unit: str) -> int:
