@@ -157,26 +157,21 @@ class Config:
 REQUIRED = object()
 ABSENT = object()
 
+# Where a model's weights come from (docs/models.md); shared by the target model and the drafter.
+WEIGHTS_SCHEMA: dict[str, Any] = {
+    "source": ("choice", "hf", MODEL_SOURCES),
+    "path": ("str", None),
+    "revision": ("str", None),
+    "controller_path": ("str", None),
+    "version": ("str", None),
+    "allow_patterns": ("list[str]", None),
+}
+
 SCHEMA: dict[str, Any] = {
     "extends": ("str", None),
     "description": ("str", ""),
-    "model": {
-        "source": ("choice", "hf", MODEL_SOURCES),
-        "path": ("str", None),
-        "revision": ("str", None),
-        "controller_path": ("str", None),
-        "version": ("str", None),
-        "allow_patterns": ("list[str]", None),
-        "recurrent_layers": ("bool", REQUIRED),
-    },
-    "drafter": {
-        "source": ("choice", "hf", MODEL_SOURCES),
-        "path": ("str", None),
-        "revision": ("str", None),
-        "controller_path": ("str", None),
-        "version": ("str", None),
-        "allow_patterns": ("list[str]", None),
-    },
+    "model": {**WEIGHTS_SCHEMA, "recurrent_layers": ("bool", REQUIRED)},
+    "drafter": dict(WEIGHTS_SCHEMA),
     "speculative": {
         "algorithm": ("choice", "NONE", ALGORITHMS),
         "block_size": ("int", None),
