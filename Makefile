@@ -111,7 +111,8 @@ verify: $(STAMP) ## Run the testinfra checks in tests/infra/ against INVENTORY
 sweep: $(STAMP) ## Sweep CONFIG over BUDGETS (and TOPK_CAPS) on one host; report in reports/sweeps/
 	$(need_config)
 	$(ensure_lab)
-	$(PY) -m sgdeploy.sweep --config $(CONFIG) --inventory $(INV) --budgets "$(BUDGETS)" $(if $(TOPK_CAPS),--topk-caps "$(TOPK_CAPS)",) $(if $(HOST),--host $(HOST),)
+	$(PY) -m sgdeploy.sweep --config $(CONFIG) --inventory $(INV) --budgets "$(BUDGETS)" $(if $(TOPK_CAPS),--topk-caps "$(TOPK_CAPS)",) $(if $(HOST),--host $(HOST),) \
+		$(if $(CLIFF_DROP),--cliff-drop $(CLIFF_DROP),) $(if $(TIE_TOLERANCE),--tie-tolerance $(TIE_TOLERANCE),)
 
 lab-up: $(STAMP) ## Boot the lab: LAB_HOSTS systemd-nspawn hosts on 127.0.1.x, inventory/lab.yml
 	$(PY) tests/lab/lab.py up

@@ -6,9 +6,15 @@ Pure logic over variant rows (one per budget × top-k cap, as `sgdeploy.sweep` m
   is more than ``cliff_drop`` (a fraction, 0.25 by default) below the best accept length of the
   smaller budgets of that cap. The reported ``cliff`` is the one at the smallest budget over all
   caps; ``cliffs`` lists one per cap that has one.
-- **recommendation**: the variant with the best tokens/s. A warning when it sits right before its
-  cap's cliff (the next budget tested with that cap is the cliff): a longer prompt mix or a model
-  update may tip it over.
+- **fastest**: the variant with the most tokens/s.
+- **recommendation** (``best``): among the variants whose tokens/s is within ``tie_tolerance`` (a
+  fraction, 0.03 by default) of the fastest and that sit below their cap's cliff, the largest budget
+  (then the largest cap). Best-first trees are nested, so a larger budget verifies a superset of the
+  smaller tree and accepts at least as much on every step; when its cost does not show in tokens/s at
+  the load benchmarked, the larger tree is the headroom for prompts the drafter finds harder. With
+  no tie the recommendation is the fastest. A warning when it sits right before its cap's cliff (the
+  next budget tested with that cap is the cliff): a longer prompt mix or a model update may tip it
+  over.
 
 Files (``write``): ``results.json`` (schema 1, see docs/sweep.md), ``results.md`` (a table, the
 cliff and the recommendation) and ``sweep.png`` (accept length and tokens/s against budget, one
@@ -25,6 +31,7 @@ from typing import Any
 
 SCHEMA = 1
 DEFAULT_CLIFF_DROP = 0.25
+DEFAULT_TIE_TOLERANCE = 0.03
 VARIANT_KEYS = ("budget", "topk_cap", "accept_length_mean", "accept_length_sd", "tokens_per_s", "step_time_ms",
                 "requests", "failures", "status", "error")
 
@@ -36,6 +43,13 @@ class ReportError(ValueError):
 def check_cliff_drop(value: float) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < 1:
         raise ReportError(f"cliff drop {value!r}: must be a fraction above 0 and below 1 (e.g. 0.25 for 25%)")
+    return float(value)
+
+
+def check_tie_tolerance(value: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 0.5:
+        raise ReportError(f"tie tolerance {value!r}: must be a fraction from 0 up to below 0.5 "
+                          "(e.g. 0.03 for 3%; 0 recommends the fastest variant alone)")
     return float(value)
 
 
@@ -101,6 +115,25 @@ def best_variant(rows: list[dict]) -> dict | None:
     return best
 
 
+def _below_cliff(row: dict, cliffs: list[dict]) -> bool:
+    cliff = next((c for c in cliffs if c["topk_cap"] == row["topk_cap"]), None)
+    return cliff is None or row["budget"] < cliff["budget"]
+
+
+def tied_with_fastest(rows: list[dict], cliffs: list[dict], tie_tolerance: float = DEFAULT_TIE_TOLERANCE
+                      ) -> list[dict]:
+    """Measured variants below their cap's cliff whose tokens/s is within ``tie_tolerance`` of the fastest
+    (the fastest itself included), in budget then cap order."""
+    tie_tolerance = check_tie_tolerance(tie_tolerance)
+    fastest = best_variant(rows)
+    if fastest is None:
+        return []
+    floor = fastest["tokens_per_s"] * (1 - tie_tolerance)
+    tied = [r for r in rows if r.get("status") == "ok" and r.get("tokens_per_s") is not None
+            and (r is fastest or (r["tokens_per_s"] >= floor and _below_cliff(r, cliffs)))]
+    return sorted(tied, key=lambda r: (r["budget"], r["topk_cap"]))
+
+
 def _name(row: dict) -> str:
     return f"budget {row['budget']} cap {row['topk_cap']}"
 
@@ -109,16 +142,22 @@ def _num(x: float | None, digits: int = 1) -> str:
     return "-" if x is None else f"{x:.{digits}f}"
 
 
-def recommend(rows: list[dict], cliffs: list[dict], cliff_drop: float = DEFAULT_CLIFF_DROP
-              ) -> tuple[dict | None, str, str | None]:
-    """(best row, recommendation text, warning text or None)."""
-    best = best_variant(rows)
-    if best is None:
+def recommend(rows: list[dict], cliffs: list[dict], cliff_drop: float = DEFAULT_CLIFF_DROP,
+              tie_tolerance: float = DEFAULT_TIE_TOLERANCE) -> tuple[dict | None, str, str | None]:
+    """(recommended row, recommendation text, warning text or None)."""
+    fastest = best_variant(rows)
+    if fastest is None:
         failed = sum(1 for r in rows if r.get("status") != "ok")
         why = f" ({failed} of {len(rows)} failed)" if rows else ""
         return None, f"no variant was measured{why}: nothing to recommend", None
+    tied = tied_with_fastest(rows, cliffs, tie_tolerance)
+    best = tied[-1]
     what = (f"{_name(best)}: {_num(best['tokens_per_s'])} tokens/s, "
             f"accept length {_num(best['accept_length_mean'], 2)}")
+    if best is not fastest:
+        others = " and ".join(f"{_name(r)} at {_num(r['tokens_per_s'])}" for r in tied if r is not best)
+        what += (f" (tied within {tie_tolerance * 100:g}% with {others} tokens/s; the larger tree accepts at "
+                 "least as much, so it is recommended)")
     warning = None
     cap_cliff = next((c for c in cliffs if c["topk_cap"] == best["topk_cap"]), None)
     if cap_cliff is not None:
@@ -133,17 +172,17 @@ def recommend(rows: list[dict], cliffs: list[dict], cliff_drop: float = DEFAULT_
     if first is None:
         largest = max(r["budget"] for r in rows if _measured(r)) if any(_measured(r) for r in rows) else None
         text = (f"no acceptance cliff up to budget {largest} (no drop above {cliff_drop * 100:g}% from the best "
-                f"so far); best tokens/s: {what}")
+                f"so far); recommended: {what}")
     else:
         text = (f"acceptance cliff at budget {first['budget']} cap {first['topk_cap']} (accept length "
                 f"{_num(first['accept_length'], 2)}, {first['drop_pct']:.1f}% below "
-                f"{_num(first['best_accept_length'], 2)} at budget {first['from_budget']}); best tokens/s: {what}")
+                f"{_num(first['best_accept_length'], 2)} at budget {first['from_budget']}); recommended: {what}")
     return best, text, warning
 
 
 def build_results(*, config: str, host: str, started: str, finished: str, variants: list[dict],
-                  cliff_drop: float = DEFAULT_CLIFF_DROP, restored: str | None = None,
-                  **extra: Any) -> dict[str, Any]:
+                  cliff_drop: float = DEFAULT_CLIFF_DROP, tie_tolerance: float = DEFAULT_TIE_TOLERANCE,
+                  restored: str | None = None, **extra: Any) -> dict[str, Any]:
     """The ``results.json`` object (schema 1)."""
     for row in variants:
         missing = [k for k in VARIANT_KEYS if k not in row]
@@ -151,14 +190,16 @@ def build_results(*, config: str, host: str, started: str, finished: str, varian
             raise ReportError(f"variant {row.get('budget')!r}/{row.get('topk_cap')!r}: missing {', '.join(missing)}")
     cliffs = find_cliffs(variants, cliff_drop)
     cliff = first_cliff(cliffs)
-    best, text, warning = recommend(variants, cliffs, cliff_drop)
+    best, text, warning = recommend(variants, cliffs, cliff_drop, tie_tolerance)
+    fastest = best_variant(variants)
     results = {
         "schema": SCHEMA, "config": config, "host": host, "started": started, "finished": finished,
         "variants": variants,
         "cliff": None if cliff is None else {k: cliff[k] for k in ("budget", "topk_cap", "drop_pct")},
         "best": None if best is None else dict(best),
+        "fastest": None if fastest is None else dict(fastest),
         "recommendation": text, "warning": warning, "restored": restored,
-        "cliff_drop": cliff_drop, "cliffs": cliffs,
+        "cliff_drop": cliff_drop, "tie_tolerance": tie_tolerance, "cliffs": cliffs,
     }
     results.update(extra)
     return results
@@ -183,6 +224,10 @@ def markdown(results: dict) -> str:
             marks.append("cliff")
         if best and (r["budget"], r["topk_cap"]) == (best["budget"], best["topk_cap"]):
             marks.append("best")
+        fastest = results.get("fastest")
+        if fastest and best and (r["budget"], r["topk_cap"]) == (fastest["budget"], fastest["topk_cap"]) \
+                and (best["budget"], best["topk_cap"]) != (fastest["budget"], fastest["topk_cap"]):
+            marks.append("fastest")
         status = r["status"] if r["status"] == "ok" else f"failed: {r.get('error') or '?'}"
         if marks:
             status += f" ({', '.join(marks)})"

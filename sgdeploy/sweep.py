@@ -1,7 +1,7 @@
 """Budget sweep: deploy a DDTree config at each budget (× top-k cap), benchmark it, find the cliff.
 
     python -m sgdeploy.sweep --config BASE --budgets "8 15 16 32 64" [--topk-caps "4 8"]
-        --inventory INV [--host HOST] [--out reports/sweeps] [--cliff-drop 0.25]
+        --inventory INV [--host HOST] [--out reports/sweeps] [--cliff-drop 0.25] [--tie-tolerance 0.03]
         [--requests N] [--max-tokens M] [--bench-timeout S] [-e VARS ...] [--json]
 
 One variant at a time on one host: a variant config ``build/sweeps/<id>/configs/<base>-b<B>-k<K>.yml``
@@ -265,6 +265,7 @@ class Sweep:
     sweep_id: str
     report_dir: Path
     cliff_drop: float
+    tie_tolerance: float
     requests: int
     concurrency: int
     max_tokens: int
@@ -460,7 +461,8 @@ class Sweep:
         protect.uninstall()
         results = report.build_results(
             config=self.base.name, host=self.host, started=started, finished=report_time(), variants=self.rows,
-            cliff_drop=self.cliff_drop, restored=(", ".join(restore["configs"]) or None) if restore["ok"] else None,
+            cliff_drop=self.cliff_drop, tie_tolerance=self.tie_tolerance,
+            restored=(", ".join(restore["configs"]) or None) if restore["ok"] else None,
             restore=restore, interrupted=interrupted, error=crashed, sweep_id=self.sweep_id,
             bench={"requests": self.requests, "concurrency": self.concurrency, "max_new_tokens": self.max_tokens,
                    "prompts_digest": bench.prompts_digest(bench.load_prompts())})
@@ -522,6 +524,13 @@ def _fraction(text: str) -> float:
         raise argparse.ArgumentTypeError(f"{text!r}: must be a fraction above 0 and below 1 (e.g. 0.25)") from None
 
 
+def _tolerance(text: str) -> float:
+    try:
+        return report.check_tie_tolerance(float(text))
+    except (ValueError, report.ReportError):
+        raise argparse.ArgumentTypeError(f"{text!r}: must be a fraction from 0 up to below 0.5 (e.g. 0.03)") from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = serving._Parser(prog="python -m sgdeploy.sweep", description=__doc__.splitlines()[0])
     p.add_argument("--config", required=True, help="a DDTREE config (name in configs/ or a path)")
@@ -532,6 +541,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, default=Path("reports/sweeps"), help="report folder (default reports/sweeps)")
     p.add_argument("--cliff-drop", type=_fraction, default=report.DEFAULT_CLIFF_DROP,
                    help="accept-length drop from the best so far that marks the cliff (default 0.25)")
+    p.add_argument("--tie-tolerance", type=_tolerance, default=report.DEFAULT_TIE_TOLERANCE,
+                   help="tokens/s within this fraction of the fastest count as a tie, and the largest tied budget "
+                        "below the cliff is recommended (default 0.03; 0: the fastest alone)")
     p.add_argument("--requests", type=serving._positive(int), help="bench requests (default: gates.bench_requests)")
     p.add_argument("--max-tokens", type=serving._positive(int),
                    help="tokens per bench request (default: gates.bench_max_tokens)")
@@ -560,7 +572,8 @@ def prepare(args: argparse.Namespace) -> Sweep:
     g = base.gates
     return Sweep(base=base, variants=variants, inventory=args.inventory.resolve(), host=host, hostvars=hostvars,
                  sweep_id=sweep_id, report_dir=(args.out / sweep_id).resolve(), cliff_drop=args.cliff_drop,
-                 requests=args.requests or g.bench_requests, concurrency=g.bench_concurrency,
+                 tie_tolerance=args.tie_tolerance, requests=args.requests or g.bench_requests,
+                 concurrency=g.bench_concurrency,
                  max_tokens=args.max_tokens or g.bench_max_tokens, bench_timeout=args.bench_timeout,
                  json_out=args.json, extra_vars=list(args.extra_vars))
 

@@ -3,8 +3,8 @@ the report on disk, and the config that ran before running again afterwards.
 
 Two sweeps on lab1: without state forking over budgets 8, 15, 32, 64; with it over 15, 32, 64
 (budget 8 tells nothing more there and a variant costs a deploy). Each variant is deployed by the
-deploy playbook (35-60 s each here, depending on the load) and benchmarked with 4 requests of 512
-tokens (long enough that budget 32's extra accepted tokens show up as fewer verify steps; at 96 tokens
+deploy playbook (35-60 s each here, depending on the load) and benchmarked with 4 (8 with forking)
+requests of 512 tokens (long enough that budget 32's extra accepted tokens show up as fewer verify steps; at 96 tokens
 budgets 15 to 64 all need 7). 8-9 minutes in all on a busy 2-core machine.
 """
 
@@ -44,10 +44,11 @@ def before_running(lab):
     return lab
 
 
-def run_sweep(lab, tmp_path, config: str, budgets: str) -> tuple[subprocess.CompletedProcess, dict, float]:
+def run_sweep(lab, tmp_path, config: str, budgets: str, *options: str,
+              requests: int = 4) -> tuple[subprocess.CompletedProcess, dict, float]:
     cmd = [sys.executable, "-m", "sgdeploy.sweep", "--config", config, "--budgets", budgets,
-           "--inventory", str(lab.inventory), "--host", "lab1", "--out", str(tmp_path), "--requests", "4",
-           "--max-tokens", "512", "--json", *EXTRA]
+           "--inventory", str(lab.inventory), "--host", "lab1", "--out", str(tmp_path), "--requests", str(requests),
+           "--max-tokens", "512", "--json", *options, *EXTRA]
     start = time.monotonic()
     proc = subprocess.run(cmd, cwd=REPO, env=lab.ansible_env(), text=True, capture_output=True, timeout=900,
                           stdin=subprocess.DEVNULL)
@@ -57,20 +58,20 @@ def run_sweep(lab, tmp_path, config: str, budgets: str) -> tuple[subprocess.Comp
     return proc, json.loads(proc.stdout), seconds
 
 
-def check_report(tmp_path: Path, results: dict, config: str, budgets: list[int]) -> None:
+def check_report(tmp_path: Path, results: dict, config: str, budgets: list[int], requests: int = 4) -> None:
     (folder,) = tmp_path.iterdir()
     assert folder.name.startswith(f"{config}-") and folder.name.endswith("Z")
     on_disk = json.loads((folder / "results.json").read_text())
     assert on_disk == results
-    assert {"schema", "config", "host", "started", "finished", "variants", "cliff", "best", "recommendation",
-            "warning", "restored"} <= set(on_disk)
+    assert {"schema", "config", "host", "started", "finished", "variants", "cliff", "best", "fastest",
+            "recommendation", "warning", "restored", "tie_tolerance"} <= set(on_disk)
     assert on_disk["schema"] == 1 and on_disk["config"] == config and on_disk["host"] == "lab1"
     keys = {"budget", "topk_cap", "accept_length_mean", "accept_length_sd", "tokens_per_s", "step_time_ms",
             "requests", "failures", "status", "error"}
     assert [v["budget"] for v in on_disk["variants"]] == budgets
     for v in on_disk["variants"]:
         assert keys <= set(v) and v["status"] == "ok" and v["topk_cap"] == 8, v
-        assert v["requests"] == 4 and v["failures"] == 0, v
+        assert v["requests"] == requests and v["failures"] == 0, v
     md = (folder / "results.md").read_text()
     assert f"# Sweep of {config} on lab1" in md and "**Recommendation**:" in md
     png = (folder / "sweep.png").read_bytes()
@@ -112,20 +113,27 @@ def test_sweep_without_state_forking_finds_the_cliff_after_15(before_running, tm
     check_restored(lab, results)
 
 
-def test_sweep_with_state_forking_finds_no_cliff(before_running, tmp_path):
+def test_sweep_with_state_forking_finds_no_cliff_and_recommends_the_largest_budget(before_running, tmp_path):
     lab = before_running
-    proc, results, _ = run_sweep(lab, tmp_path, "ddtree-b15", "15 32 64")
+    # 8 requests and a 5% tie band: this lab shares two cores with another lab running deploys, and a
+    # variant's bench lasts a few seconds, so load changes between variants move tokens/s by a few
+    # percent (the default band, 3%, is for a GPU host; tests/unit/test_report.py checks it exactly).
+    proc, results, _ = run_sweep(lab, tmp_path, "ddtree-b15", "15 32 64", "--tie-tolerance", "0.05", requests=8)
     rows = {v["budget"]: v for v in results["variants"]}
     assert results["cliff"] is None and results["warning"] is None
     assert results["recommendation"].startswith("no acceptance cliff up to budget 64")
-    # Forking keeps the acceptance past block_size - 1: 32 and 64 accept at least what 15 does, and
-    # the best tokens/s is past 15. (In the simulator 32 and 64 are within 1% of each other, so which
-    # of the two wins is noise; the report names the best one measured.)
+    # Forking keeps the acceptance past block_size - 1: 32 and 64 accept at least what 15 does.
     assert rows[32]["accept_length_mean"] >= 0.97 * rows[15]["accept_length_mean"]
     assert rows[64]["accept_length_mean"] >= 0.97 * rows[15]["accept_length_mean"]
-    best = max(results["variants"], key=lambda v: v["tokens_per_s"])
-    assert results["best"]["budget"] == best["budget"] and best["budget"] in (32, 64)
-    assert f"budget {best['budget']} cap 8" in results["recommendation"]
+    # In the simulator 32 and 64 are within 1% in tokens/s (acceptance plateaus below the block size):
+    # a tie, so the largest budget tested is recommended, naming the tie when the fastest measured was
+    # another budget.
+    assert results["tie_tolerance"] == 0.05
+    assert rows[64]["tokens_per_s"] >= 0.95 * results["fastest"]["tokens_per_s"], results["fastest"]
+    assert results["best"]["budget"] == 64
+    assert "recommended: budget 64 cap 8" in results["recommendation"]
+    if results["fastest"]["budget"] != 64:
+        assert f"budget {results['fastest']['budget']} cap 8 at" in results["recommendation"]
     assert "[3/3] budget 64 cap 8: accept" in proc.stderr
-    check_report(tmp_path, results, "ddtree-b15", [15, 32, 64])
+    check_report(tmp_path, results, "ddtree-b15", [15, 32, 64], requests=8)
     check_restored(lab, results)

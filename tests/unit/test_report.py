@@ -38,9 +38,57 @@ def test_cliff_right_after_15_and_best_before_it_with_a_warning():
 def test_no_cliff_recommends_the_best_and_says_there_is_none():
     res = results_of(FORK)
     assert res["cliff"] is None and res["cliffs"] == []
-    assert res["best"]["budget"] == 64
+    assert res["best"]["budget"] == 64 and res["fastest"]["budget"] == 64
     assert res["recommendation"].startswith("no acceptance cliff up to budget 64")
+    assert "tied" not in res["recommendation"]
     assert res["warning"] is None
+
+
+# The simulator's forking curve as measured: 32 and 64 within 1%, 64 a little slower.
+FORK_MEASURED = [row(15, 8, 15.0, 172.8), row(32, 8, 15.63, 177.8), row(64, 8, 15.65, 176.7)]
+
+
+def test_a_larger_budget_tied_with_the_fastest_is_recommended_and_the_tie_is_named():
+    res = results_of(FORK_MEASURED)
+    assert res["fastest"]["budget"] == 32
+    assert res["best"]["budget"] == 64
+    assert res["recommendation"] == (
+        "no acceptance cliff up to budget 64 (no drop above 25% from the best so far); recommended: budget 64 "
+        "cap 8: 176.7 tokens/s, accept length 15.65 (tied within 3% with budget 15 cap 8 at 172.8 and budget 32 "
+        "cap 8 at 177.8 tokens/s; the larger tree accepts at least as much, so it is recommended)")
+    md = report.markdown(res)
+    assert "| 32 | 8 | 15.63 | 0.30 | 177.8 | 80.0 | 12 | 0 | ok (fastest) |" in md
+    assert "| 64 | 8 | 15.65 | 0.30 | 176.7 | 80.0 | 12 | 0 | ok (best) |" in md
+    # 172.8 is 2.8% below 177.8: inside 3%, so 15 ties too, and the largest of the three still wins.
+
+
+def test_outside_the_tolerance_the_fastest_is_recommended():
+    res = results_of(FORK_MEASURED, tie_tolerance=0.005)
+    assert res["best"]["budget"] == 32 and "tied" not in res["recommendation"]
+    res = results_of(FORK_MEASURED, tie_tolerance=0)
+    assert res["best"]["budget"] == 32
+    slower = [row(15, 8, 15.0, 172.8), row(32, 8, 15.63, 177.8), row(64, 8, 15.65, 170.0)]
+    assert results_of(slower)["best"]["budget"] == 32  # 4.4% slower is a real cost, not a tie
+
+
+def test_a_tie_never_recommends_a_budget_at_or_past_the_cliff():
+    # 32 collapsed (the cliff) but happens to be as fast as 15: the recommendation stays before the cliff.
+    rows = [row(8, 8, 9.0, 112.9), row(15, 8, 15.0, 172.8), row(32, 8, 10.0, 172.0), row(64, 8, 4.8, 63.4)]
+    res = results_of(rows)
+    assert res["cliff"]["budget"] == 32
+    assert res["best"]["budget"] == 15
+    assert "right before the acceptance cliff: budget 32" in res["warning"]
+
+
+def test_a_tie_across_caps_prefers_the_larger_budget_then_the_larger_cap():
+    rows = [row(32, 4, 14.0, 176.0), row(32, 8, 15.6, 177.0), row(16, 8, 15.1, 177.5)]
+    assert (results_of(rows)["best"]["budget"], results_of(rows)["best"]["topk_cap"]) == (32, 8)
+
+
+@pytest.mark.parametrize("bad", [-0.01, 0.5, 2, "0.03", True])
+def test_a_bad_tie_tolerance_is_rejected_naming_it(bad):
+    with pytest.raises(report.ReportError, match="tie tolerance"):
+        results_of(FORK, tie_tolerance=bad)
 
 
 def test_noise_below_the_threshold_is_no_cliff_but_a_bigger_drop_is():

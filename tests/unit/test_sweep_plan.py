@@ -131,6 +131,8 @@ def test_a_bad_budget_fails_before_any_deploy(tmp_path, capsys, no_deploys, monk
     (["--budgets", " "], "--budgets ' ': give at least one budget"),
     (["--budgets", "8", "--topk-caps", "4 20"], "speculative.topk_cap: 20: must be between 1 and 16"),
     (["--budgets", "8", "--cliff-drop", "1.5"], "argument --cliff-drop: '1.5': must be a fraction above 0 and below 1"),
+    (["--budgets", "8", "--tie-tolerance", "0.5"],
+     "argument --tie-tolerance: '0.5': must be a fraction from 0 up to below 0.5"),
     (["--budgets", "8", "--requests", "0"], "argument --requests: '0' must be greater than 0"),
     (["--budgets", "8", "--host", "db-1"], "--host db-1: not in group gpu_hosts of"),
 ])
