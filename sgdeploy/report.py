@@ -269,6 +269,10 @@ def plot(results: dict, path: Path) -> None:
         for ax in (ax_acc, ax_tps):
             ax.axvline(cliff["budget"], color="tab:red", linestyle="--", linewidth=1,
                        label=f"cliff (budget {cliff['budget']}, -{cliff['drop_pct']:.0f}%)" if ax is ax_acc else None)
+    fastest, tol = results.get("fastest"), results.get("tie_tolerance") or 0
+    if best and fastest and tol and (best["budget"], best["topk_cap"]) != (fastest["budget"], fastest["topk_cap"]):
+        ax_tps.axhspan(fastest["tokens_per_s"] * (1 - tol), fastest["tokens_per_s"], color="tab:green", alpha=0.12,
+                       label=f"tie: within {tol * 100:g}% of the fastest")
     if best:
         ax_tps.scatter([best["budget"]], [best["tokens_per_s"]], s=180, facecolors="none", edgecolors="tab:green",
                        linewidths=2, zorder=5, label=f"best (budget {best['budget']} cap {best['topk_cap']})")
