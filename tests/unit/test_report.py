@@ -199,3 +199,11 @@ def test_a_row_missing_a_key_is_refused():
     del bad["tokens_per_s"]
     with pytest.raises(report.ReportError, match="missing tokens_per_s"):
         results_of([bad])
+
+
+def test_png_with_a_tie_band_is_written(tmp_path):
+    res = results_of(FORK_MEASURED)
+    assert res["best"] is not res["fastest"]
+    paths = report.write(res, tmp_path)
+    assert png_size(paths["png"]) == (750, 650)
+    assert "ok (fastest)" in paths["md"].read_text()
