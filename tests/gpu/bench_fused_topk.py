@@ -1,11 +1,18 @@
 """Benchmark of the fused per-depth top-k kernel (patch 0003), all five timings in one run.
 
 Shape: hidden 5120, vocabulary 248320 (bf16 lm_head, 2.54 GB), 15 draft depths, K 8 and 16,
-batch 1, 8 and 64 (N = batch x 15 rows). For each: (a) the per-depth loop it replaces
+batch 1, 8, 16 and 64 (N = batch x 15 rows). For each: (a) the per-depth loop it replaces
 (15 x matmul + log_softmax + topk), (b) batched torch (one matmul + log_softmax + topk),
-(c) the fused kernel (eager, and replayed from a CUDA graph), (d) the floor: lm_head bytes at
-the device-to-device copy bandwidth measured in this run, (e) the matmul alone.
-Medians of triton.testing.do_bench (L2 flushed between calls).
+(c) fused_depth_topk with its default dispatch (the single Triton kernel for small N, cuBLAS
+fp32 logits + the Triton chunk pass from CUBLAS_MIN_ROWS rows; eager, and replayed from a CUDA
+graph), (d) the floor: lm_head bytes at the device-to-device copy bandwidth measured in this run,
+(e) the matmul alone: plain bf16 `hidden @ W.T` (cuBLAS, bf16 out), the reference of the
+batch-64 target. For information, the cuBLAS matmul with fp32 output (the first half of the
+large-N path). Medians of triton.testing.do_bench (L2 flushed between calls); the fused call
+and the matmul reference are timed alternately, three times each, and each row reports the
+median of its three (the H200's matmul time drifts by a few percent between minutes).
+--configs also times variants (the other path; L2-sized chunks) and probes the dispatch
+threshold: both paths at N = 30, 60, 90, 120.
 
     python tests/gpu/bench_fused_topk.py OUT_DIR [--configs]   # --configs also times variants
 """
@@ -15,6 +22,7 @@ from __future__ import annotations
 import datetime
 import json
 import pathlib
+import statistics
 import sys
 
 import torch
@@ -25,20 +33,30 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from test_fused_topk import load_kernel_module  # noqa: E402
 
 H, V, D = 5120, 248320, 15
-BATCHES = (1, 8, 64)
+BATCHES = (1, 8, 16, 64)
 KS = (8, 16)
 
-# Launch-geometry variants timed with --configs (the shipped default is always timed too).
+# Variants timed with --configs (the shipped default is always timed too): the other path, and
+# the cuBLAS path in L2-sized chunks (8192 columns: 31 MB of fp32 logits at N = 960).
 VARIANTS = {
-    1: [dict(BN=16, BV=64, BK=128, num_warps=4, num_stages=4, waves=2),
-        dict(BN=16, BV=128, BK=128, num_warps=4, num_stages=4, waves=1)],
-    8: [dict(BN=128, BV=128, BK=64, num_warps=8, num_stages=3, waves=1)],
-    64: [dict(BN=128, BV=128, BK=64, num_warps=8, num_stages=3, waves=1)],
+    1: [],
+    8: [dict(path="triton")],
+    16: [dict(path="triton")],
+    64: [dict(path="triton"), dict(path="cublas", VC=8192)],
 }
 
 
 def med(fn, rep=200):
     return do_bench(fn, warmup=25, rep=rep, return_mode="median")
+
+
+def paired(fn_a, fn_b, times=3):
+    """Medians of `times` alternating timings of fn_a and fn_b."""
+    a, b = [], []
+    for _ in range(times):
+        a.append(med(fn_a))
+        b.append(med(fn_b))
+    return statistics.median(a), statistics.median(b)
 
 
 def main(out_dir: str, try_configs: bool):
@@ -63,7 +81,14 @@ def main(out_dir: str, try_configs: bool):
         n = batch * D
         hid = torch.randn(n, H, device=dev).to(torch.bfloat16)
         hid_d = hid.view(batch, D, H)
-        t_mm = med(lambda: torch.matmul(hid, w.T))
+        def matmul():
+            return torch.matmul(hid, w.T)
+
+        t_mm32 = None
+        if mod._has_mm_out_dtype():
+            l32 = torch.empty((n, V), dtype=torch.float32, device=dev)
+            t_mm32 = med(lambda: torch.mm(hid, w.T, out_dtype=torch.float32, out=l32))
+            del l32
         for k in KS:
             def loop():
                 for d in range(D):
@@ -79,21 +104,24 @@ def main(out_dir: str, try_configs: bool):
 
             t_loop = med(loop, rep=100)
             t_bat = med(batched)
-            t_fused = med(fused)
+            t_mm, t_fused = paired(matmul, fused)
             # CUDA graph replay of the fused call (how the draft graph would run it).
             fused()
             g = torch.cuda.CUDAGraph()
             with torch.cuda.graph(g):
                 fused()
             t_graph = med(g.replay)
-            ker = mod.LAST_LAUNCH.get("split")  # the default config's compiled kernel
             cfg = mod.default_config(n, V, H, dev)
-            s = mod._num_splits(n, V, cfg)
-            row = dict(batch=batch, n=n, k=k, loop_ms=t_loop, batched_ms=t_bat, fused_ms=t_fused,
-                       fused_graph_ms=t_graph, floor_ms=floor_ms, matmul_ms=t_mm,
+            path = cfg.get("path", "triton")
+            ker = mod.LAST_LAUNCH.get("split" if path == "triton" else "chunk")  # default's kernel
+            if path == "triton":
+                cfg = {**cfg, "S": mod._num_splits(n, V, cfg)}
+            row = dict(batch=batch, n=n, k=k, path=path, loop_ms=t_loop, batched_ms=t_bat, fused_ms=t_fused,
+                       fused_graph_ms=t_graph, floor_ms=floor_ms, matmul_ms=t_mm, matmul_fp32_ms=t_mm32,
                        fused_over_floor=t_fused / floor_ms, fused_over_matmul=t_fused / t_mm,
+                       graph_over_matmul=t_graph / t_mm,
                        loop_over_fused=t_loop / t_fused, batched_over_fused=t_bat / t_fused,
-                       config={**{kk: vv for kk, vv in cfg.items()}, "S": s})
+                       config=cfg)
             # Time of the same kernel without the running top-K (LSE only): the top-K's cost.
             row["fused_lse_only_ms"] = med(lambda: mod.fused_depth_topk(hid, w, k,
                                                                         config={"do_topk": False}))
@@ -108,42 +136,54 @@ def main(out_dir: str, try_configs: bool):
                 except Exception as exc:
                     row["kernel"] = repr(exc)[:200]
                 print("kernel", batch, k, row["kernel"], flush=True)
-            if try_configs and (k == KS[0] or batch == 1):
+            if try_configs:
                 for c in VARIANTS[batch]:
                     kinfo = None
                     try:
                         t = med(lambda: mod.fused_depth_topk(hid, w, k, config=c))
-                        kv = mod.LAST_LAUNCH.get("split")
+                        kv = mod.LAST_LAUNCH.get("split" if c.get("path") == "triton" else "chunk")
                         kinfo = dict(regs=kv.n_regs, spills=kv.n_spills, shared=kv.metadata.shared)
                     except Exception as exc:  # a variant may not fit (shared memory)
                         t = None
                         print("variant failed", c, repr(exc)[:200], flush=True)
-                    variants.append(dict(batch=batch, k=k, config=c, ms=t, kernel=kinfo))
-                    print("variant", batch, k, c, t, kinfo, flush=True)
+                    variants.append(dict(batch=batch, k=k, config=c, ms=t, over_matmul=t and t / t_mm,
+                                         kernel=kinfo))
+                    print("variant", batch, k, c, t, t and t / t_mm, kinfo, flush=True)
+
+    probe = []
+    if try_configs:
+        # Dispatch threshold: both paths at small N (the default uses cuBLAS from CUBLAS_MIN_ROWS).
+        for n in (30, 60, 90, 120):
+            hid = torch.randn(n, H, device=dev).to(torch.bfloat16)
+            for k in KS:
+                t_tri, t_cub = paired(lambda: mod.fused_depth_topk(hid, w, k, config={"path": "triton"}),
+                                      lambda: mod.fused_depth_topk(hid, w, k, config={"path": "cublas"}))
+                probe.append(dict(n=n, k=k, triton_ms=t_tri, cublas_ms=t_cub))
+                print("probe", json.dumps(probe[-1]), flush=True)
 
     info = dict(
         date=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
         command="python tests/gpu/bench_fused_topk.py $OUT" + (" --configs" if try_configs else ""),
         lm_head_bytes=wbytes, copy_ms=t_copy, copy_GBps=copy_bw / 1e9, floor_ms=floor_ms,
-        rows=rows, variants=variants,
+        cublas_min_rows=getattr(mod, "CUBLAS_MIN_ROWS", None), rows=rows, variants=variants, probe=probe,
     )
     (out / "bench_fused_topk.json").write_text(json.dumps(info, indent=1))
 
     print(f"\ncopy {copy_bw / 1e9:.0f} GB/s, floor {floor_ms:.3f} ms ({info['device']})")
-    print("batch  k | loop    batched  fused   graph   floor   matmul  | fused/floor fused/matmul lse-only")
+    print("batch  k path   | loop    batched  fused   graph   floor   matmul  mm-fp32 | fused/floor fused/matmul"
+          " graph/matmul lse-only")
     for r in rows:
-        print(f"{r['batch']:5d} {r['k']:2d} | {r['loop_ms']:7.3f} {r['batched_ms']:7.3f} "
+        mm32 = f"{r['matmul_fp32_ms']:7.3f}" if r["matmul_fp32_ms"] else "      -"
+        print(f"{r['batch']:5d} {r['k']:2d} {r['path']:6s} | {r['loop_ms']:7.3f} {r['batched_ms']:7.3f} "
               f"{r['fused_ms']:7.3f} {r['fused_graph_ms']:7.3f} {r['floor_ms']:7.3f} "
-              f"{r['matmul_ms']:7.3f} | {r['fused_over_floor']:6.2f}x {r['fused_over_matmul']:6.2f}x"
-              f" {r['fused_lse_only_ms']:7.3f}")
-    if variants:
-        for b in BATCHES:
-            for k in KS:
-                vs = [x for x in variants if x["batch"] == b and x["k"] == k and x["ms"]]
-                if vs:
-                    best = min(vs, key=lambda x: x["ms"])
-                    print(f"best variant b{b} k{k}: {best['ms']:.3f} ms {best['config']}")
+              f"{r['matmul_ms']:7.3f} {mm32} | {r['fused_over_floor']:6.2f}x {r['fused_over_matmul']:6.2f}x"
+              f" {r['graph_over_matmul']:6.2f}x {r['fused_lse_only_ms']:7.3f}")
+    for x in probe:
+        print(f"probe N {x['n']:4d} k{x['k']:2d}: triton {x['triton_ms']:.3f} ms, cublas {x['cublas_ms']:.3f} ms")
+    for x in variants:
+        if x["ms"]:
+            print(f"variant b{x['batch']} k{x['k']}: {x['ms']:.3f} ms ({x['over_matmul']:.2f}x matmul) {x['config']}")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,8 @@
 """Correctness of the fused per-depth top-k kernel (patch 0003) against a float64 reference.
 
-Runs on a CUDA GPU (skipped elsewhere). The kernel is the file that patch 0003 adds,
+Both paths are covered: the single Triton kernel (small N) and, from CUBLAS_MIN_ROWS rows, cuBLAS
+fp32 logits + the Triton chunk pass (forced with config={"path": ...} where a test needs the
+other one). Runs on a CUDA GPU (skipped elsewhere). The kernel is the file that patch 0003 adds,
 sglang/srt/speculative/fused_depth_topk.py, read straight out of
 patches/sglang/0003-fused-depth-topk.patch (or from $FUSED_TOPK_FILE) and imported by path,
 so no SGLang package __init__ runs: it needs only torch and triton.
@@ -121,45 +123,92 @@ def mod():
 
 
 @needs_cuda
-@pytest.mark.parametrize("batch", [1, 8, 64])
+@pytest.mark.parametrize("batch", [1, 8, 16, 64])
 @pytest.mark.parametrize("k", [8, 16])
 def test_full_size(mod, batch, k):
-    """Qwen3.6-sized head (vocab 248320, hidden 5120), 15 depths per request."""
+    """Qwen3.6-sized head (vocab 248320, hidden 5120), 15 depths per request, default dispatch
+    (batch 1: Triton kernel; 8, 16 and 64: cuBLAS + chunk pass)."""
     w, w64 = _weight(V_FULL, H_FULL, seed=1)
     n = batch * DEPTHS
     hidden = torch.randn(n, H_FULL, device="cuda").to(torch.bfloat16)  # fresh every run
     lp, ids = mod.fused_depth_topk(hidden, w, k, config=CFG)
-    _record(f"full b{batch} k{k}", **check(lp, ids, hidden, w64, k, V_FULL))
+    path = (CFG or {}).get("path") or mod.default_config(n, V_FULL, H_FULL, hidden.device).get("path", "triton")
+    _record(f"full b{batch} k{k} ({path})", **check(lp, ids, hidden, w64, k, V_FULL))
 
 
 @needs_cuda
-@pytest.mark.parametrize(
-    "n,v,h,k",
-    [(1, 50021, 1000, 3), (7, 32000, 4096, 5), (33, 100003, 2048, 16), (129, 65536, 768, 8)],
-)
-def test_odd_shapes(mod, n, v, h, k):
-    """Vocab not a tile multiple, hidden not a BK multiple, K not a power of two."""
+def test_dispatch_by_rows(mod):
+    """Small N: the single Triton kernel; from CUBLAS_MIN_ROWS rows: cuBLAS (fp32 logits) + pass,
+    when torch has mm(..., out_dtype=float32) (torch >= 2.8; the GPU machine has 2.11)."""
+    dev = torch.device("cuda")
+
+    def path(n):
+        return mod.default_config(n, V_FULL, H_FULL, dev).get("path", "triton")
+
+    assert 16 < mod.CUBLAS_MIN_ROWS <= 120  # batch 1 (N = 15) keeps the Triton kernel
+    assert path(15) == "triton" and path(mod.CUBLAS_MIN_ROWS - 1) == "triton"
+    big = "cublas" if mod._has_mm_out_dtype() else "triton"
+    assert path(mod.CUBLAS_MIN_ROWS) == big and path(960) == big
+    _record("dispatch", min_rows=mod.CUBLAS_MIN_ROWS, n960=path(960), mm_out_dtype=mod._has_mm_out_dtype())
+
+
+# Forced paths: the other path at full size, and cuBLAS chunking (a chunk narrower than the
+# shard, one not a multiple of 256 whose last chunk is short).
+PATH_CASES = [
+    (64, 16, {"path": "triton"}),
+    (8, 8, {"path": "triton"}),
+    (64, 8, {"path": "cublas", "VC": 8192}),
+    (64, 16, {"path": "cublas", "VC": 5000}),
+    (8, 16, {"path": "cublas", "VC": 0}),
+    (1, 8, {"path": "cublas", "VC": 100000}),
+]
+
+
+@needs_cuda
+@pytest.mark.parametrize("batch,k,cfg", PATH_CASES)
+def test_paths_full_size(mod, batch, k, cfg):
+    w, w64 = _weight(V_FULL, H_FULL, seed=1)
+    n = batch * DEPTHS
+    hidden = torch.randn(n, H_FULL, device="cuda").to(torch.bfloat16)
+    lp, ids = mod.fused_depth_topk(hidden, w, k, config=cfg)
+    _record(f"full b{batch} k{k} {cfg}", **check(lp, ids, hidden, w64, k, V_FULL))
+
+
+ODD = [(1, 50021, 1000, 3), (7, 32000, 4096, 5), (33, 100003, 2048, 16), (129, 65536, 768, 8),
+       (300, 50021, 1000, 5)]
+
+
+@needs_cuda
+@pytest.mark.parametrize("path", [None, "triton", "cublas"])
+@pytest.mark.parametrize("n,v,h,k", ODD)
+def test_odd_shapes(mod, n, v, h, k, path):
+    """Vocab not a tile multiple, hidden not a BK multiple, K not a power of two; default
+    dispatch and each path forced (cuBLAS in chunks of 7000 columns: a short last chunk)."""
     w, w64 = _weight(v, h, seed=2)
     hidden = torch.randn(n, h, device="cuda").to(torch.bfloat16)
-    lp, ids = mod.fused_depth_topk(hidden, w, k, config=CFG)
-    _record(f"odd n{n} v{v} h{h} k{k}", **check(lp, ids, hidden, w64, k, v))
+    cfg = {None: CFG, "triton": {"path": "triton", **(CFG or {})}, "cublas": {"path": "cublas", "VC": 7000}}[path]
+    lp, ids = mod.fused_depth_topk(hidden, w, k, config=cfg)
+    _record(f"odd n{n} v{v} h{h} k{k} {path or 'default'}", **check(lp, ids, hidden, w64, k, v))
 
 
 @needs_cuda
-def test_padded_vocab(mod):
+@pytest.mark.parametrize("path", ["triton", "cublas"])
+def test_padded_vocab(mod, path):
     """Rows past vocab_size (TP padding) never appear and do not enter the LSE."""
     v, h, k = 30000, 1024, 8
     w, w64 = _weight(v, h, seed=3)
     padded = torch.cat([w, torch.full((64, h), 1.0, device="cuda", dtype=w.dtype)])
     hidden = torch.randn(9, h, device="cuda").to(torch.bfloat16).abs()  # padding would win
-    lp, ids = mod.fused_depth_topk(hidden, padded, k, vocab_size=v, config=CFG)
-    _record("padded vocab", **check(lp, ids, hidden, w64, k, v))
+    cfg = {"path": "triton", **(CFG or {})} if path == "triton" else {"path": "cublas", "VC": 4096}
+    lp, ids = mod.fused_depth_topk(hidden, padded, k, vocab_size=v, config=cfg)
+    _record(f"padded vocab {path}", **check(lp, ids, hidden, w64, k, v))
 
 
 @needs_cuda
-def test_exact_ties(mod):
+@pytest.mark.parametrize("path", ["triton", "cublas"])
+def test_exact_ties(mod, path):
     """Duplicated head rows give exactly equal logits: each tied value must appear as often as
-    it does in the reference, with distinct ids."""
+    it does in the reference, with distinct ids (cuBLAS path: the tied rows span two chunks)."""
     v, h, k = 20000, 512, 16
     base, _ = _weight(v, h, seed=4)
     w = base.clone()
@@ -168,21 +217,27 @@ def test_exact_ties(mod):
     w64 = w.double()
     hidden = torch.randn(12, h, device="cuda").to(torch.bfloat16)
     hidden[:6] = (w[7].float() * 4).to(torch.bfloat16)  # push the tied group into the top-k
-    lp, ids = mod.fused_depth_topk(hidden, w, k, config=CFG)
-    _record("exact ties", **check(lp, ids, hidden, w64, k, v))
+    cfg = {"path": "triton", **(CFG or {})} if path == "triton" else {"path": "cublas", "VC": 1004}
+    lp, ids = mod.fused_depth_topk(hidden, w, k, config=cfg)
+    _record(f"exact ties {path}", **check(lp, ids, hidden, w64, k, v))
 
 
 @needs_cuda
+@pytest.mark.parametrize("path", ["triton", "cublas"])
 @pytest.mark.parametrize("bounds", [(0, 62080, 124160, 186240, 248320), (0, 1000, 130000, 248320)])
-def test_fake_tp_merge(mod, bounds):
+def test_fake_tp_merge(mod, bounds, path):
     """Vocab split into fake TP shards on one GPU: per-shard kernel, then the merge of K
-    log-probs + K ids + LSE per shard, through the same packing as the real all-gather."""
-    k, batch = 16, 8
+    log-probs + K ids + LSE per shard, through the same packing as the real all-gather.
+    Triton path at batch 8; cuBLAS path at batch 64 with 65536-column chunks (shards of one
+    chunk, of two, and one smaller than a chunk)."""
+    k = 16
+    batch = 8 if path == "triton" else 64
+    cfg = {"path": "triton", **(CFG or {})} if path == "triton" else {"path": "cublas", "VC": 65536}
     w, w64 = _weight(V_FULL, H_FULL, seed=1)
     n = batch * DEPTHS
     hidden = torch.randn(n, H_FULL, device="cuda").to(torch.bfloat16)
     shards = list(zip(bounds, bounds[1:], strict=False))
-    locals_ = [mod.fused_local_topk(hidden, w[a:b], k, vocab_start=a, config=CFG) for a, b in shards]
+    locals_ = [mod.fused_local_topk(hidden, w[a:b], k, vocab_start=a, config=cfg) for a, b in shards]
     g_lp = torch.stack([x[0] for x in locals_], 1)
     g_id = torch.stack([x[1] for x in locals_], 1)
     g_lse = torch.stack([x[2] for x in locals_], 1)
@@ -200,15 +255,15 @@ def test_fake_tp_merge(mod, bounds):
         def all_gather(self, x, dim=0):
             parts = [x]
             for a, b in shards[1:]:
-                lp_r, id_r, lse_r = mod.fused_local_topk(hidden, w[a:b], k, vocab_start=a, config=CFG)
+                lp_r, id_r, lse_r = mod.fused_local_topk(hidden, w[a:b], k, vocab_start=a, config=cfg)
                 parts.append(torch.cat([lp_r, id_r.float(), lse_r[:, None]], 1))
             return torch.cat(parts, dim=dim)
 
     a0, b0 = shards[0]
     lp2, ids2 = mod.fused_depth_topk(hidden, w[a0:b0], k, vocab_start=a0, tp_group=FakeGroup(),
-                                    config=CFG)
+                                    config=cfg)
     res2 = check(lp2, ids2, hidden, w64, k, V_FULL)
-    _record(f"fake TP {len(shards)} shards", lse_err=lse_err, merge=res, tp_group_path=res2)
+    _record(f"fake TP {len(shards)} shards {path}", lse_err=lse_err, merge=res, tp_group_path=res2)
 
 
 def load_patched_ddtree_topk(mod):
@@ -265,20 +320,26 @@ def test_ddtree_dispatch(mod):
     _record("ddtree dispatch", fused=res, torch_path=res0)
 
 
+GRAPH_CASES = [(4, 8, {"path": "triton"}), (64, 16, None), (64, 8, {"path": "cublas", "VC": 16384})]
+
+
 @needs_cuda
-def test_cuda_graph(mod):
-    """Captured once, replayed on fresh inputs copied into the static buffers."""
-    k, n = 8, DEPTHS * 4
+@pytest.mark.parametrize("batch,k,cfg", GRAPH_CASES)
+def test_cuda_graph(mod, batch, k, cfg):
+    """Captured once, replayed on fresh inputs copied into the static buffers: batch 4 (Triton
+    kernel), batch 64 (cuBLAS + pass, one chunk), batch 64 in 16 chunks (32 launches)."""
+    n = DEPTHS * batch
+    cfg = CFG if cfg is None else {**cfg, **(CFG or {})}
     w, w64 = _weight(V_FULL, H_FULL, seed=1)
     static_h = torch.randn(n, H_FULL, device="cuda").to(torch.bfloat16)
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
-        mod.fused_depth_topk(static_h, w, k, config=CFG)  # compile + warm up outside capture
+        mod.fused_depth_topk(static_h, w, k, config=cfg)  # compile + warm up outside capture
     torch.cuda.current_stream().wait_stream(s)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        out_lp, out_ids = mod.fused_depth_topk(static_h, w, k, config=CFG)
+        out_lp, out_ids = mod.fused_depth_topk(static_h, w, k, config=cfg)
     results = []
     for _ in range(2):
         fresh = torch.randn(n, H_FULL, device="cuda").to(torch.bfloat16)
@@ -288,18 +349,20 @@ def test_cuda_graph(mod):
         g.replay()
         torch.cuda.synchronize()
         results.append(check(out_lp, out_ids, fresh, w64, k, V_FULL))
-    _record("cuda graph replay", replays=results)
+    _record(f"cuda graph replay b{batch} k{k} {cfg}", replays=results)
 
 
 def main(out_path=None):
     m = load_kernel_module()
-    cases = [(test_full_size, dict(batch=b, k=k)) for b in (1, 8, 64) for k in (8, 16)]
-    cases += [(test_odd_shapes, dict(n=n, v=v, h=h, k=k)) for n, v, h, k in
-              [(1, 50021, 1000, 3), (7, 32000, 4096, 5), (33, 100003, 2048, 16), (129, 65536, 768, 8)]]
-    cases += [(test_padded_vocab, {}), (test_exact_ties, {})]
-    cases += [(test_fake_tp_merge, dict(bounds=b)) for b in
+    cases = [(test_full_size, dict(batch=b, k=k)) for b in (1, 8, 16, 64) for k in (8, 16)]
+    cases += [(test_dispatch_by_rows, {})]
+    cases += [(test_paths_full_size, dict(batch=b, k=k, cfg=c)) for b, k, c in PATH_CASES]
+    cases += [(test_odd_shapes, dict(n=n, v=v, h=h, k=k, path=p)) for n, v, h, k in ODD for p in (None, "triton", "cublas")]
+    cases += [(f, dict(path=p)) for f in (test_padded_vocab, test_exact_ties) for p in ("triton", "cublas")]
+    cases += [(test_fake_tp_merge, dict(bounds=b, path=p)) for p in ("triton", "cublas") for b in
               [(0, 62080, 124160, 186240, 248320), (0, 1000, 130000, 248320)]]
-    cases += [(test_ddtree_dispatch, {}), (test_cuda_graph, {})]
+    cases += [(test_ddtree_dispatch, {})]
+    cases += [(test_cuda_graph, dict(batch=b, k=k, cfg=c)) for b, k, c in GRAPH_CASES]
     passed = failed = 0
     for fn, kw in cases:
         try:
