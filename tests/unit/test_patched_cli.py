@@ -36,6 +36,12 @@ CPU_REQUIREMENTS = [
     "uvicorn==0.54.0", "transformers==5.24.0", "msgspec==0.22.0", "pyzmq==27.3.0", "setproctitle==1.3.8",
     "aiohttp==3.14.5", "uvloop==0.23.0", "prometheus-client==0.26.0", "tqdm==4.70.1",
     "sentencepiece==0.2.3", "tiktoken==0.14.0", "einops==0.8.2", "triton==3.8.0", "dill==0.4.1",
+    # What importing the DDTree worker / decode modules adds (test_ddtree_plumbing.py), all small:
+    # tvm_ffi (kernel loader, imported by the KV pools), compressed_tensors and gguf (quantization
+    # registry), openai and partial_json_parser (the OpenAI protocol and function-call parsers that
+    # ScheduleBatch's grammar module pulls in). Pins of 0.5.23's METADATA where it has one.
+    "apache-tvm-ffi==0.1.11", "compressed-tensors==0.18.0", "gguf==0.19.0", "openai==2.8.0",
+    "partial-json-parser==0.2.1.1.post7",
 ]  # fmt: skip
 IMPORT_PROBE = "import torch, transformers, fastapi, pydantic, zmq, orjson, msgspec, uvloop, triton, IPython, dill"
 
