@@ -16,6 +16,8 @@ LAB_HOSTS   ?= 2
 LAB_INVENTORY ?= inventory/lab.yml
 BUDGETS     ?= 8 15 16 32 64
 TOPK_CAPS   ?=
+CLIFF_DROP  ?=
+TIE_TOLERANCE ?=
 HOST        ?=
 PATCHES     ?=
 export LAB_HOSTS LAB_INVENTORY

@@ -45,3 +45,13 @@ def test_config_prints_the_merged_config():
     result = make("config", "CONFIG=ddtree-b64")
     assert result.returncode == 0
     assert "budget: 64" in result.stdout and "algorithm: DDTREE" in result.stdout
+
+
+def test_sweep_passes_its_tuning_variables_on():
+    out = make("-n", "sweep", "CONFIG=ddtree-b15", "INVENTORY=inventory/example.yml", "BUDGETS=15 32",
+               "CLIFF_DROP=0.2", "TIE_TOLERANCE=0.05").stdout
+    line = next(x for x in out.replace("\\\n", " ").splitlines() if "sgdeploy.sweep" in x)
+    assert '--budgets "15 32"' in line and "--cliff-drop 0.2" in line and "--tie-tolerance 0.05" in line
+    plain = make("-n", "sweep", "CONFIG=ddtree-b15", "INVENTORY=inventory/example.yml").stdout
+    line = next(x for x in plain.replace("\\\n", " ").splitlines() if "sgdeploy.sweep" in x)
+    assert "--cliff-drop" not in line and "--tie-tolerance" not in line
