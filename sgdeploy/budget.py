@@ -19,7 +19,7 @@ model's :class:`RecurrentShape` (from :data:`KNOWN_SHAPES` or built from its con
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 GIB = 1 << 30
 
@@ -105,25 +105,6 @@ def max_ddtree_budget(
     return budget if cap is None else min(budget, cap)
 
 
-# Known shapes. Qwen3.6-27B: 64 layers in 16 x (3 GDN + 1 gated attention), so 48 GDN
-# layers; GDN heads 48 value / 16 query-key, head dim 128 (Qwen model card, mirrored at
-# shilu.ai/articles/qwen-hf/qwen-qwen3.6-27b; layer split also in the config.json quoted
-# by eadst.com/blog/325). Conv kernel 4 and mamba_ssm_dtype float32 are read from the
-# Qwen3.5-27B config (same qwen3_5 architecture); not confirmed on a Qwen3.6-27B
-# config.json here.
-QWEN3_6_27B = RecurrentShape(
-    recurrent_layers=48,
-    value_heads=48,
-    key_head_dim=128,
-    value_head_dim=128,
-    conv_dim=gdn_conv_dim(16, 48, 128, 128),
-    conv_width=4,
-    ssm_dtype_bytes=4,
-    conv_dtype_bytes=2,
-    note="layers/heads/dims: Qwen3.6-27B model card; conv width 4 and float32 SSM "
-    "state: Qwen3.5-27B config (same architecture), unconfirmed for 3.6",
-)
-
 QWEN3_5_27B = RecurrentShape(
     recurrent_layers=48,
     value_heads=48,
@@ -133,6 +114,18 @@ QWEN3_5_27B = RecurrentShape(
     conv_width=4,
     note="Qwen3.5-27B text_config: 64 layers, full_attention_interval 4, "
     "linear heads 16/48, dims 128, linear_conv_kernel_dim 4, mamba_ssm_dtype float32",
+)
+
+# Qwen3.6-27B: 64 layers in 16 x (3 GDN + 1 gated attention), so 48 GDN layers; GDN heads
+# 48 value / 16 query-key, head dim 128 (Qwen model card, mirrored at
+# shilu.ai/articles/qwen-hf/qwen-qwen3.6-27b; layer split also in the config.json quoted by
+# eadst.com/blog/325): the Qwen3.5-27B shape. Conv kernel 4 and mamba_ssm_dtype float32 are
+# read from the Qwen3.5-27B config (same qwen3_5 architecture); not confirmed on a
+# Qwen3.6-27B config.json here.
+QWEN3_6_27B = replace(
+    QWEN3_5_27B,
+    note="layers/heads/dims: Qwen3.6-27B model card; conv width 4 and float32 SSM "
+    "state: Qwen3.5-27B config (same architecture), unconfirmed for 3.6",
 )
 
 KNOWN_SHAPES: dict[str, RecurrentShape] = {

@@ -377,13 +377,8 @@ def load_thresholds(config_json: str | None,
     ``python -m sgdeploy render --json``, or a bare gates mapping) or an inline JSON string. Also
     returns what the file says about speculation (None when it says nothing)."""
     if config_json is not None:
-        try:
-            data = json.loads(Path(config_json).read_text(encoding="utf-8"))
-        except OSError as err:
-            raise GateError(f"--config-json {config_json}: cannot read it ({err.strerror or err})") from None
-        except ValueError as err:
-            raise GateError(f"--config-json {config_json}: not JSON ({err})") from None
         source = f"--config-json {config_json}"
+        data = records.read_json(config_json, source, GateError)
     else:
         try:
             data = json.loads(thresholds_json)

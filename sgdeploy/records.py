@@ -109,15 +109,20 @@ def check_record(record: Any, where: str) -> dict:
     return record
 
 
+def read_json(path: str | Path, label: str, error: type[Exception] = ValueError) -> Any:
+    """The JSON in ``path``; an unreadable file or bad JSON raises ``error`` with one line that
+    starts with ``label`` (the file, or the option that named it)."""
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as err:
+        raise error(f"{label}: cannot read it ({err.strerror or err})") from None
+    except ValueError as err:
+        raise error(f"{label}: not JSON ({err})") from None
+
+
 def read_record(path: str | Path) -> dict:
     """Read and check one record file; RecordError names the file and what is wrong."""
-    try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except OSError as err:
-        raise RecordError(f"{path}: cannot read it ({err.strerror or err})") from None
-    except ValueError as err:
-        raise RecordError(f"{path}: not JSON ({err})") from None
-    return check_record(data, str(path))
+    return check_record(read_json(path, str(path), RecordError), str(path))
 
 
 def iter_records(records_dir: str | Path, errors: list[str] | None = None) -> list[tuple[Path, dict]]:

@@ -287,6 +287,14 @@ def _ref_rows(want, bs, t):
 # ---------------------------------------------------------------- greedy
 
 
+def _compare(res: dict, examples: list, walk: str, got, want, **case) -> None:
+    """Count a mismatch of one request's walk under ``mismatches_<walk>``; keep the first five."""
+    if got != want:
+        res[f"mismatches_{walk}"] += 1
+        if len(examples) < 5:
+            examples.append({"walk": walk, **case, "got": got, "want": want})
+
+
 def run_greedy(cases=400, seed=0):
     compiled()
     tree_ops, _ = jit_modules()
@@ -320,21 +328,7 @@ def run_greedy(cases=400, seed=0):
         t = budget + 1
         for name, out in (("cuda", got), ("torch", torch_walk)):
             for b, (g, w) in enumerate(zip(_rows(out, bs, t), _ref_rows(want, bs, t), strict=True)):
-                if g != w:
-                    res[f"mismatches_{name}"] += 1
-                    if len(examples) < 5:
-                        examples.append(
-                            {
-                                "walk": name,
-                                "bs": bs,
-                                "budget": budget,
-                                "depth": depth,
-                                "k": k,
-                                "req": b,
-                                "got": g,
-                                "want": w,
-                            }
-                        )
+                _compare(res, examples, name, g, w, bs=bs, budget=budget, depth=depth, k=k, req=b)
         res["trees"] += bs
         res["accepted_nodes"] += sum(want[2])
         res["full_depth_walks"] += sum(1 for n in want[2] if n == depth)
@@ -496,23 +490,20 @@ def run_sampled_exact(cases=200, large_cases=30, seed=1):
                 checks += [("torch_walk", others["torch_walk"][b], want)]
                 checks += [("cuda_vs_plain_python_ref", got[b], others["plain_python_ref"][b])]
             for name, g, w in checks:
-                if g != w:
-                    res[f"mismatches_{name}"] += 1
-                    if len(examples) < 5:
-                        examples.append(
-                            {
-                                "walk": name,
-                                "vocab": vocab,
-                                "bs": bs,
-                                "budget": budget,
-                                "depth": depth,
-                                "k": k,
-                                "req": b,
-                                "got": g,
-                                "want": w,
-                                "margins": (margin, bonus_margin),
-                            }
-                        )
+                _compare(
+                    res,
+                    examples,
+                    name,
+                    g,
+                    w,
+                    vocab=vocab,
+                    bs=bs,
+                    budget=budget,
+                    depth=depth,
+                    k=k,
+                    req=b,
+                    margins=(margin, bonus_margin),
+                )
         res["cases"] += 1
         if vocab not in res["vocab_sizes"]:
             res["vocab_sizes"].append(vocab)

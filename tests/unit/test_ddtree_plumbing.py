@@ -999,34 +999,6 @@ def _describe(value) -> str:
 # The child process: build/cpu-venv with the patched wheel on PYTHONPATH
 
 
-class _Stub(types.ModuleType):
-    """torchvision has no CPU wheel for torch 2.13 here; only multimodal modules import it (as in
-    test_patched_cli.py) and none of the checked code calls into it."""
-
-    def __getattr__(self, name):
-        if name.startswith("__"):
-            raise AttributeError(name)
-        return _Stub(f"{self.__name__}.{name}")
-
-    def __call__(self, *a, **k):
-        return self
-
-
-class _StubFinder:
-    def find_spec(self, name, path=None, target=None):
-        if name == "torchvision" or name.startswith("torchvision."):
-            return importlib.machinery.ModuleSpec(name, self, is_package=True)
-        return None
-
-    def create_module(self, spec):
-        m = _Stub(spec.name)
-        m.__path__ = []
-        return m
-
-    def exec_module(self, module):
-        pass
-
-
 def construct_verify_input() -> dict:
     """Run `DDTreeVerifyInput.from_layout` (the dataclass construction, EagleVerifyInput's __post_init__,
     the FULL_MASK custom mask) and `set_accepted_nodes` on a CPU tree: root + a 2-node chain,
@@ -1065,9 +1037,9 @@ def construct_verify_input() -> dict:
 
 
 def main(argv: list[str]) -> int:
-    import transformers.utils.import_utils  # noqa: F401  records torchvision as absent before the stand-in
+    import torchvision_standin  # beside this file, so on sys.path when it runs as a script
 
-    sys.meta_path.append(_StubFinder())
+    torchvision_standin.install()
     modules = []
     for arg in argv:
         if arg.endswith(".py"):  # a snippet (the self-test): imported as a module from its folder

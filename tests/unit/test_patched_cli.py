@@ -26,6 +26,7 @@ from sgdeploy import patchset, wheel
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent  # torchvision_standin.py
 CPU_VENV = Path(os.environ.get("SGDEPLOY_CPU_VENV", REPO / "build" / "cpu-venv"))
 # What `from sglang.srt.server_args import prepare_server_args` needs on the CPU
 # (/work/shared/docs/sglang-0.5.23.md, "Running SGLang code without the whole server"),
@@ -48,31 +49,11 @@ IMPORT_PROBE = "import torch, transformers, fastapi, pydantic, zmq, orjson, msgs
 # Parse with SGLang's own parser, then run its speculative-decoding resolution hook (the full
 # resolve_once() would need the model weights' stack); report what it resolved, or the rejection.
 PARSE = r"""
-import importlib.machinery, json, sys, types
+import json, sys
 
-# torchvision has no CPU wheel for torch 2.13 here; only multimodal config modules import it and
-# the speculative resolution never calls into it, so an empty stand-in is enough.
-class Stub(types.ModuleType):
-    def __getattr__(self, name):
-        if name.startswith("__"):
-            raise AttributeError(name)
-        return Stub(f"{self.__name__}.{name}")
-    def __call__(self, *a, **k):
-        return self
+import torchvision_standin  # tests/unit, on PYTHONPATH
 
-class StubFinder:
-    def find_spec(self, name, path=None, target=None):
-        if name == "torchvision" or name.startswith("torchvision."):
-            return importlib.machinery.ModuleSpec(name, self, is_package=True)
-    def create_module(self, spec):
-        m = Stub(spec.name)
-        m.__path__ = []
-        return m
-    def exec_module(self, module):
-        pass
-
-import transformers.utils.import_utils  # records torchvision as absent before the stand-in exists
-sys.meta_path.append(StubFinder())
+torchvision_standin.install()
 from sglang.srt.server_args import prepare_server_args
 try:
     args = prepare_server_args(sys.argv[1:])
@@ -177,7 +158,7 @@ def site_dirs(tmp_path_factory, downloads) -> dict[str, tuple[wheel.BuildResult,
 
 
 def parse(cpu_python: Path, site: Path, argv: list[str]) -> tuple[dict, str]:
-    env = dict(os.environ, PYTHONPATH=str(site), CUDA_VISIBLE_DEVICES="")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join((str(site), str(HERE))), CUDA_VISIBLE_DEVICES="")
     proc = subprocess.run(
         [cpu_python, "-c", PARSE, *argv], capture_output=True, text=True, env=env, timeout=600, cwd=site
     )
