@@ -120,12 +120,12 @@ def _below_cliff(row: dict, cliffs: list[dict]) -> bool:
     return cliff is None or row["budget"] < cliff["budget"]
 
 
-def tied_with_fastest(rows: list[dict], cliffs: list[dict], tie_tolerance: float = DEFAULT_TIE_TOLERANCE
-                      ) -> list[dict]:
+def tied_with_fastest(rows: list[dict], cliffs: list[dict], tie_tolerance: float = DEFAULT_TIE_TOLERANCE,
+                      fastest: dict | None = None) -> list[dict]:
     """Measured variants below their cap's cliff whose tokens/s is within ``tie_tolerance`` of the fastest
-    (the fastest itself included), in budget then cap order."""
+    (``best_variant(rows)`` unless given; itself included), in budget then cap order."""
     tie_tolerance = check_tie_tolerance(tie_tolerance)
-    fastest = best_variant(rows)
+    fastest = fastest or best_variant(rows)
     if fastest is None:
         return []
     floor = fastest["tokens_per_s"] * (1 - tie_tolerance)
@@ -150,7 +150,7 @@ def recommend(rows: list[dict], cliffs: list[dict], cliff_drop: float = DEFAULT_
         failed = sum(1 for r in rows if r.get("status") != "ok")
         why = f" ({failed} of {len(rows)} failed)" if rows else ""
         return None, f"no variant was measured{why}: nothing to recommend", None
-    tied = tied_with_fastest(rows, cliffs, tie_tolerance)
+    tied = tied_with_fastest(rows, cliffs, tie_tolerance, fastest)
     best = tied[-1]
     what = (f"{_name(best)}: {_num(best['tokens_per_s'])} tokens/s, "
             f"accept length {_num(best['accept_length_mean'], 2)}")
