@@ -74,20 +74,23 @@ class StubEngine:
                     stub.calls += 1
                     stub.running += 1
                     verify = next(stub.verify)
+                # A request stops running before its answer is written, as in a server: a client that
+                # has the answer never sees it counted as running.
                 try:
                     time.sleep(stub.delay)
                     if stub.status != 200:
-                        self._send(stub.status, b'{"error": "scripted failure"}')
-                        return
-                    text = stub.text(call) if callable(stub.text) else stub.text
-                    tokens = min(stub.tokens, body["sampling_params"]["max_new_tokens"])
-                    meta = {"prompt_tokens": 5, "completion_tokens": tokens, "e2e_latency": 0.5}
-                    if verify is not None:
-                        meta["spec_verify_ct"] = verify
-                    self._send(200, json.dumps({"text": text, "meta_info": meta}).encode())
+                        status, answer = stub.status, b'{"error": "scripted failure"}'
+                    else:
+                        text = stub.text(call) if callable(stub.text) else stub.text
+                        tokens = min(stub.tokens, body["sampling_params"]["max_new_tokens"])
+                        meta = {"prompt_tokens": 5, "completion_tokens": tokens, "e2e_latency": 0.5}
+                        if verify is not None:
+                            meta["spec_verify_ct"] = verify
+                        status, answer = 200, json.dumps({"text": text, "meta_info": meta}).encode()
                 finally:
                     with stub.lock:
                         stub.running -= 1
+                self._send(status, answer)
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
