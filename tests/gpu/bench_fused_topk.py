@@ -3,16 +3,17 @@
 Shape: hidden 5120, vocabulary 248320 (bf16 lm_head, 2.54 GB), 15 draft depths, K 8 and 16,
 batch 1, 8, 16 and 64 (N = batch x 15 rows). For each: (a) the per-depth loop it replaces
 (15 x matmul + log_softmax + topk), (b) batched torch (one matmul + log_softmax + topk),
-(c) fused_depth_topk with its default dispatch (the single Triton kernel for small N, cuBLAS
-fp32 logits + the Triton chunk pass from CUBLAS_MIN_ROWS rows; eager, and replayed from a CUDA
-graph), (d) the floor: lm_head bytes at the device-to-device copy bandwidth measured in this run,
+(c) fused_depth_topk with its default dispatch (logits from the Triton kernel for small N, from
+cuBLAS + the Triton pass from CUBLAS_MIN_ROWS rows, then the per-row selection; eager, and
+replayed from a CUDA graph), (d) the floor: lm_head bytes at the device-to-device copy bandwidth measured in this run,
 (e) the matmul alone: plain bf16 `hidden @ W.T` (cuBLAS, bf16 out), the reference of the
 batch-64 target. For information, the cuBLAS matmul with fp32 output (the first half of the
 large-N path). Medians of triton.testing.do_bench (L2 flushed between calls). The ratios the
-targets are judged on are paired: the fused call is timed alternately with the matmul (and,
-separately, with the copy that gives the floor), seven times each, and the ratio reported is the
-median of the seven adjacent-pair ratios (the H200's matmul time drifts by several percent
-between seconds; a ratio of two medians taken apart inherits that drift).
+targets are judged on are paired: 61 back-to-back pairs of single calls (the fused call and
+the matmul; separately, the fused call and the head copy that gives the floor), L2 flushed
+before each call, order alternating; the ratio reported is the median of the 61 per-pair
+ratios, with its interquartile range (the H200's matmul time drifts by several percent between
+seconds; medians taken apart, or alternating 200 ms blocks, inherit that drift).
 --configs also times variants (the other path; L2-sized chunks) and probes the dispatch
 threshold: both paths at N = 30, 60, 90, 120.
 
@@ -39,14 +40,15 @@ BATCHES = (1, 8, 16, 64)
 KS = (8, 16)
 
 # Variants timed with --configs (the shipped default is always timed too): the other path, the
-# cuBLAS path in L2-sized chunks (8192 columns: 31 MB of fp32 logits at N = 960), and the chunk
-# pass's other geometry (the default is 2048-column tiles on 4 warps below 480 rows, 1024 on 2
-# from 480).
+# cuBLAS path in L2-sized chunks (8192 columns: 31 MB of fp32 logits at N = 960), and other
+# geometries of the pass (the default: 1024-column tiles on 2 warps, rows split into slices
+# until about 4 programs per SM; PS forces the slices per row).
 VARIANTS = {
-    1: [],
-    8: [dict(path="triton"), dict(path="cublas", BV=1024, num_warps=2)],
+    1: [dict(num_stages=3), dict(num_stages=6)],
+    8: [dict(path="triton"), dict(path="cublas", BV=2048, num_warps=4), dict(path="cublas", PS=1)],
     16: [dict(path="triton")],
-    64: [dict(path="triton"), dict(path="cublas", VC=8192), dict(path="cublas", BV=2048, num_warps=4)],
+    64: [dict(path="triton"), dict(path="cublas", VC=8192), dict(path="cublas", BV=2048, num_warps=4),
+         dict(path="cublas", PS=2)],
 }
 
 
@@ -54,15 +56,32 @@ def med(fn, rep=200):
     return do_bench(fn, warmup=25, rep=rep, return_mode="median")
 
 
-def paired(fn_a, fn_b, times=7):
-    """`times` alternating timings of fn_a and fn_b: (median of a, median of b, median of the
-    per-pair ratios a/b). The ratio of adjacent timings is what the targets are judged on: the
-    H200's matmul time drifts by several percent between seconds, which moves both alike."""
-    a, b = [], []
-    for _ in range(times):
-        a.append(med(fn_a))
-        b.append(med(fn_b))
-    return statistics.median(a), statistics.median(b), statistics.median(x / y for x, y in zip(a, b, strict=True))
+def paired(fn_a, fn_b, pairs=61):
+    """`pairs` back-to-back timings of one call of fn_a and one of fn_b (CUDA events, L2 flushed
+    before each call as do_bench does; the order alternates from pair to pair): (median of a,
+    median of b, median of the per-pair ratios a/b, (first, third) quartile of those ratios).
+    Adjacent single calls see the same clocks: the H200's matmul time drifts by several percent
+    between seconds, which moves both alike."""
+    flush = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
+    for _ in range(5):
+        fn_a(), fn_b()
+    events = []
+    for i in range(pairs):
+        times = {}
+        for name, fn in ((("a", fn_a), ("b", fn_b)) if i % 2 == 0 else (("b", fn_b), ("a", fn_a))):
+            flush.zero_()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            times[name] = (start, end)
+        events.append(times)
+    torch.cuda.synchronize()
+    a = [t["a"][0].elapsed_time(t["a"][1]) for t in events]
+    b = [t["b"][0].elapsed_time(t["b"][1]) for t in events]
+    ratios = [x / y for x, y in zip(a, b, strict=True)]
+    q = statistics.quantiles(ratios, n=4)
+    return statistics.median(a), statistics.median(b), statistics.median(ratios), (q[0], q[2])
 
 
 def main(out_dir: str, try_configs: bool):
@@ -110,9 +129,9 @@ def main(out_dir: str, try_configs: bool):
 
             t_loop = med(loop, rep=100)
             t_bat = med(batched)
-            t_fused, t_mm, r_mm = paired(fused, matmul)
+            t_fused, t_mm, r_mm, iqr_mm = paired(fused, matmul)
             # The floor is half a copy of the head (read + write): paired with the fused call too.
-            _, t_cp, r_cp = paired(fused, lambda: dst.copy_(w))
+            _, t_cp, r_cp, iqr_cp = paired(fused, lambda: dst.copy_(w))
             r_floor = r_cp * 2
             # CUDA graph replay of the fused call (how the draft graph would run it).
             fused()
@@ -122,17 +141,20 @@ def main(out_dir: str, try_configs: bool):
             t_graph = med(g.replay)
             cfg = mod.default_config(n, V, H, dev)
             path = cfg.get("path", "triton")
-            ker = mod.LAST_LAUNCH.get("split" if path == "triton" else "chunk")  # default's kernel
+            ker = mod.LAST_LAUNCH.get("split" if path == "triton" else "chunk")  # default's logits kernel
+            sel = mod.LAST_LAUNCH.get("select")
             if path == "triton":
                 cfg = {**cfg, "S": mod._num_splits(n, V, cfg)}
             row = dict(batch=batch, n=n, k=k, path=path, loop_ms=t_loop, batched_ms=t_bat, fused_ms=t_fused,
                        fused_graph_ms=t_graph, floor_ms=floor_ms, matmul_ms=t_mm, matmul_fp32_ms=t_mm32,
                        fused_over_floor=r_floor, fused_over_matmul=r_mm,
+                       fused_over_floor_iqr=[2 * x for x in iqr_cp], fused_over_matmul_iqr=list(iqr_mm),
                        fused_over_floor_of_medians=t_fused / floor_ms, fused_over_matmul_of_medians=t_fused / t_mm,
                        graph_over_matmul=t_graph / t_mm,
                        loop_over_fused=t_loop / t_fused, batched_over_fused=t_bat / t_fused,
                        config=cfg)
-            # Time of the same kernel without the running top-K (LSE only): the top-K's cost.
+            # Time of the logits step alone (log-sum-exp only: no logits or maxima written, no
+            # selection); the difference to fused_ms is what the top-K costs.
             row["fused_lse_only_ms"] = med(lambda: mod.fused_depth_topk(hid, w, k,
                                                                         config={"do_topk": False}))
             rows.append(row)
@@ -143,6 +165,8 @@ def main(out_dir: str, try_configs: bool):
                     row["kernel"] = dict(regs=ker.n_regs, spills=ker.n_spills,
                                          shared=ker.metadata.shared, wgmma="wgmma.mma_async" in ptx,
                                          mma_sync="mma.sync" in ptx, cp_async="cp.async" in ptx)
+                    if sel is not None:
+                        row["kernel"]["select"] = dict(regs=sel.n_regs, spills=sel.n_spills, shared=sel.metadata.shared)
                 except Exception as exc:
                     row["kernel"] = repr(exc)[:200]
                 print("kernel", batch, k, row["kernel"], flush=True)
@@ -150,8 +174,8 @@ def main(out_dir: str, try_configs: bool):
                 for c in VARIANTS[batch]:
                     kinfo = None
                     try:
-                        t, _, r = paired(lambda: mod.fused_depth_topk(hid, w, k, config=c), matmul, times=3)
-                        kv = mod.LAST_LAUNCH.get("split" if c.get("path") == "triton" else "chunk")
+                        t, _, r, _ = paired(lambda: mod.fused_depth_topk(hid, w, k, config=c), matmul, pairs=21)
+                        kv = mod.LAST_LAUNCH.get("chunk" if c.get("path", path) == "cublas" else "split")
                         kinfo = dict(regs=kv.n_regs, spills=kv.n_spills, shared=kv.metadata.shared)
                     except Exception as exc:  # a variant may not fit (shared memory)
                         t = r = None
@@ -165,7 +189,7 @@ def main(out_dir: str, try_configs: bool):
         for n in (30, 60, 90, 120):
             hid = torch.randn(n, H, device=dev).to(torch.bfloat16)
             for k in KS:
-                t_tri, t_cub, _ = paired(lambda: mod.fused_depth_topk(hid, w, k, config={"path": "triton"}),
+                t_tri, t_cub, _, _ = paired(lambda: mod.fused_depth_topk(hid, w, k, config={"path": "triton"}),
                                       lambda: mod.fused_depth_topk(hid, w, k, config={"path": "cublas"}))
                 probe.append(dict(n=n, k=k, triton_ms=t_tri, cublas_ms=t_cub))
                 print("probe", json.dumps(probe[-1]), flush=True)
@@ -187,7 +211,9 @@ def main(out_dir: str, try_configs: bool):
         print(f"{r['batch']:5d} {r['k']:2d} {r['path']:6s} | {r['loop_ms']:7.3f} {r['batched_ms']:7.3f} "
               f"{r['fused_ms']:7.3f} {r['fused_graph_ms']:7.3f} {r['floor_ms']:7.3f} "
               f"{r['matmul_ms']:7.3f} {mm32} | {r['fused_over_floor']:6.3f}x {r['fused_over_matmul']:6.3f}x"
-              f" {r['graph_over_matmul']:6.2f}x {r['fused_lse_only_ms']:7.3f}")
+              f" {r['graph_over_matmul']:6.2f}x {r['fused_lse_only_ms']:7.3f}"
+              f"  iqr floor {r['fused_over_floor_iqr'][0]:.3f}-{r['fused_over_floor_iqr'][1]:.3f}"
+              f" matmul {r['fused_over_matmul_iqr'][0]:.3f}-{r['fused_over_matmul_iqr'][1]:.3f}")
     for x in probe:
         print(f"probe N {x['n']:4d} k{x['k']:2d}: triton {x['triton_ms']:.3f} ms, cublas {x['cublas_ms']:.3f} ms")
     for x in variants:

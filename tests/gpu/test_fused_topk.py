@@ -1,8 +1,9 @@
 """Correctness of the fused per-depth top-k kernel (patch 0003) against a float64 reference.
 
-Both paths are covered: the single Triton kernel (small N) and, from CUBLAS_MIN_ROWS rows, cuBLAS
-fp32 logits + the Triton chunk pass (forced with config={"path": ...} where a test needs the
-other one). Runs on a CUDA GPU (skipped elsewhere). The kernel is the file that patch 0003 adds,
+Both paths are covered: logits from the Triton kernel (small N) and, from CUBLAS_MIN_ROWS rows,
+cuBLAS fp32 logits + the Triton pass, each followed by the per-row selection (forced with
+config={"path": ...} where a test needs the other one). tests/unit/test_fused_topk_cpu.py runs
+the same kernels on the CPU (Triton's interpreter) in CI. Runs on a CUDA GPU (skipped elsewhere). The kernel is the file that patch 0003 adds,
 sglang/srt/speculative/fused_depth_topk.py, read straight out of
 patches/sglang/0003-fused-depth-topk.patch (or from $FUSED_TOPK_FILE) and imported by path,
 so no SGLang package __init__ runs: it needs only torch and triton.
@@ -24,40 +25,8 @@ import pytest
 
 torch = pytest.importorskip("torch") if __name__ != "__main__" else __import__("torch")
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
-PATCH = REPO / "patches" / "sglang" / "0003-fused-depth-topk.patch"
-REL = "sglang/srt/speculative/fused_depth_topk.py"
-
-# Tolerances (absolute, in nats).
-LP_TOL = 1e-3  # log-probabilities vs float64 (bf16 inputs, fp32 accumulation over H=5120)
-TIE_TOL = 1e-4  # two ids count as tied when their float64 log-probs differ by at most this
-
-
-def extract_new_file(patch: pathlib.Path, rel: str) -> str:
-    """The text of a file that `patch` creates (a `new file` section)."""
-    lines = patch.read_text().splitlines()
-    start = lines.index(f"+++ b/{rel}")
-    assert lines[start - 1] == "--- /dev/null", f"{rel} is not a new file in {patch.name}"
-    out = []
-    for line in lines[start + 2 :]:
-        if line.startswith("diff --git ") or line.startswith("-- "):
-            break
-        assert line.startswith("+"), line
-        out.append(line[1:])
-    return "\n".join(out) + "\n"
-
-
-def load_kernel_module():
-    path = os.environ.get("FUSED_TOPK_FILE")
-    if not path:
-        tmp = pathlib.Path(tempfile.mkdtemp(prefix="fused_topk_")) / "fused_depth_topk.py"
-        tmp.write_text(extract_new_file(PATCH, REL))
-        path = str(tmp)
-    spec = importlib.util.spec_from_file_location("fused_depth_topk", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from fused_topk_ref import LP_TOL, PATCH, TIE_TOL, check, extract_new_file, load_kernel_module, reference  # noqa: E402
 
 needs_cuda = pytest.mark.skipif(
     not (hasattr(torch, "cuda") and torch.cuda.is_available()), reason="needs a CUDA GPU"
@@ -78,36 +47,6 @@ def _weight(v, h, seed, dev="cuda"):
         _CACHE.clear()
         _CACHE[key] = (w, w.double())
     return _CACHE[key]
-
-
-def reference(hidden, w64, k):
-    lp = torch.log_softmax(hidden.double() @ w64.T, dim=-1)
-    vals, ids = lp.topk(k, dim=-1)
-    return vals, ids, lp
-
-
-def check(lp, ids, hidden, w64, k, v_total):
-    """Asserts the kernel's (lp, ids) against float64; returns a summary dict."""
-    ref_vals, ref_ids, ref_lp = reference(hidden, w64, k)
-    assert lp.shape == (hidden.shape[0], k) and ids.shape == lp.shape
-    assert lp.dtype == torch.float32 and ids.dtype == torch.int64
-    assert torch.isfinite(lp).all(), "unwritten or non-finite log-probs"
-    assert ((ids >= 0) & (ids < v_total)).all(), "id out of range"
-    srt = ids.sort(dim=-1).values
-    assert (srt[:, 1:] != srt[:, :-1]).all(), "duplicate id in a row"
-    err = (lp.double() - ref_vals).abs().max().item()
-    # Log-probabilities, rank by rank: |kernel - float64| <= LP_TOL = 1e-3 nats.
-    assert err <= LP_TOL, f"log-prob error {err:.3g} > {LP_TOL}"
-    # Same ids except exact ties: a different id at rank j must have (float64) the same
-    # log-prob as the reference's id at rank j, within TIE_TOL = 1e-4.
-    got_ref_lp = ref_lp.gather(1, ids)
-    diff = ids != ref_ids
-    tie_gap = (got_ref_lp - ref_vals).abs()[diff]
-    worst_tie = tie_gap.max().item() if tie_gap.numel() else 0.0
-    assert worst_tie <= TIE_TOL, f"id mismatch that is not a tie: gap {worst_tie:.3g}"
-    # Descending order.
-    assert (lp[:, 1:] <= lp[:, :-1]).all()
-    return {"max_abs_lp_err": err, "id_mismatches_tied": int(diff.sum()), "worst_tie_gap": worst_tie}
 
 
 RESULTS: list = []
@@ -327,7 +266,8 @@ GRAPH_CASES = [(4, 8, {"path": "triton"}), (64, 16, None), (64, 8, {"path": "cub
 @pytest.mark.parametrize("batch,k,cfg", GRAPH_CASES)
 def test_cuda_graph(mod, batch, k, cfg):
     """Captured once, replayed on fresh inputs copied into the static buffers: batch 4 (Triton
-    kernel), batch 64 (cuBLAS + pass, one chunk), batch 64 in 16 chunks (32 launches)."""
+    kernel), batch 64 (cuBLAS + pass, one chunk), batch 64 in 16 chunks (49 launches: matmul,
+    pass and selection per chunk, then the merge)."""
     n = DEPTHS * batch
     cfg = CFG if cfg is None else {**cfg, **(CFG or {})}
     w, w64 = _weight(V_FULL, H_FULL, seed=1)

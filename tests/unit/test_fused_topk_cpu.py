@@ -1,0 +1,142 @@
+"""Patch 0003's fused top-k kernels, run on the CPU by Triton's interpreter (TRITON_INTERPRET=1).
+
+The GPU tests (tests/gpu/test_fused_topk.py) need the lent H200; this runs the same kernel file,
+read out of patches/sglang/0003-fused-depth-topk.patch, in CI at small shapes and holds it to
+the same rule (tests/gpu/fused_topk_ref.py: log-probs within 1e-3 of float64, the same ids
+except ties). It covers what the selection must get right whatever the data: the top K all in
+one 128-column segment, spread one per segment, exact ties, vocabulary padding, chunks (one
+with a single column), K that is 1 or not a power of two, and the tensor-parallel merge.
+
+Test equipment: the interpreter runs the Triton kernels with numpy, and on the CPU the cuBLAS
+fp32-output matmul (`torch.mm(..., out_dtype=torch.float32)`, CUDA only) is stood in for by
+`a.float() @ b.float()`. The child process runs in build/cpu-venv (torch 2.13 CPU + triton, the
+venv of test_patched_cli.py); this file is its script.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+# name, rows N, vocab V, hidden H, K, config (path forced; small tiles for the interpreter)
+TRITON = {"path": "triton", "BN": 16, "BV": 128, "BK": 32, "num_warps": 4, "num_stages": 1}
+CASES = [
+    ("triton K8", 15, 3001, 64, 8, TRITON),
+    ("triton K16, H not a BK multiple", 15, 2000, 48, 16, TRITON),
+    ("triton K5 in 700-column chunks, BV 64", 5, 2000, 64, 5, {**TRITON, "BV": 64, "VC": 700}),
+    ("cuBLAS K16", 7, 3001, 64, 16, {"path": "cublas"}),
+    ("cuBLAS K3 in 1000-column chunks (last one 1 column)", 7, 3001, 64, 3, {"path": "cublas", "VC": 1000}),
+    ("cuBLAS K1, 3 slices per row, 64-column segments", 7, 3001, 64, 1,
+     {"path": "cublas", "BV": 256, "SEG": 64, "PS": 3}),
+    ("cuBLAS K16, vocabulary of 20 (fewer segments than K)", 3, 20, 64, 16, {"path": "cublas"}),
+]
+
+
+def _child() -> int:
+    os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported
+    sys.path.insert(0, str(REPO / "tests" / "gpu"))
+    import torch
+    from fused_topk_ref import check, load_kernel_module
+
+    mod = load_kernel_module()
+    # Stand-in for cuBLAS's fp32-output matmul (CUDA only): the same product in fp32 on the CPU.
+    mod._mm_fp32 = lambda a, b, out: out.copy_(a.float() @ b.float())
+    gen = torch.Generator().manual_seed(0)
+    DTYPE = torch.float16  # the interpreter (numpy) has no bfloat16; the kernels take either
+
+    def weight(v, h):
+        return (torch.randn(v, h, generator=gen) * (3.0 / h**0.5)).to(DTYPE)
+
+    def hidden(n, h):
+        return torch.randn(n, h, generator=gen).to(DTYPE)
+
+    out = []
+    for name, n, v, h, k, cfg in CASES:
+        w, x = weight(v, h), hidden(n, h)
+        lp, ids = mod.fused_depth_topk(x, w, k, config=cfg)
+        out.append({"case": name, **check(lp, ids, x, w.double(), k, v)})
+
+    for cfg in (TRITON, {"path": "cublas", "VC": 640}):
+        path = cfg["path"]
+        # The top 16 of rows 0-2 all in one 128-column segment (columns 256-271); rows 3-5 have
+        # theirs one per segment (columns 60, 188, ..., 1980): the selection takes K segments.
+        v, h, k = 2000, 64, 16
+        w, x = weight(v, h), hidden(6, h)
+        for j in range(k):
+            w[256 + j] = (x[0].float() * (0.5 + 0.01 * j)).to(DTYPE)
+            w[60 + 128 * j] = (x[3].float() * (0.5 + 0.01 * j)).to(DTYPE)
+        x[1:3] = x[0]
+        x[4:6] = x[3]
+        lp, ids = mod.fused_depth_topk(x, w, k, config=cfg)
+        res = check(lp, ids, x, w.double(), k, v)
+        assert sorted(ids[0].tolist()) == list(range(256, 272)), ids[0].tolist()
+        assert sorted(ids[3].tolist()) == [60 + 128 * j for j in range(k)], ids[3].tolist()
+        out.append({"case": f"{path}: top K in one segment / one per segment", **res})
+
+        # Exact ties: 9 identical head rows pushed into the top 16, the lower id first among them.
+        w = weight(2000, 64)
+        w[100:108] = w[7]
+        x = hidden(4, 64)
+        x[:2] = (w[7].float() * 4).to(DTYPE)
+        lp, ids = mod.fused_depth_topk(x, w, 16, config=cfg)
+        res = check(lp, ids, x, w.double(), 16, 2000)
+        assert sorted(ids[0, :9].tolist()) == [7, *range(100, 108)], ids[0].tolist()
+        for j in range(15):  # among bitwise-equal values, the lower id first
+            assert lp[0, j] != lp[0, j + 1] or ids[0, j] < ids[0, j + 1], (lp[0].tolist(), ids[0].tolist())
+        res["equal_values_in_row_0"] = int((lp[0, 1:] == lp[0, :-1]).sum())
+        out.append({"case": f"{path}: exact ties", **res})
+
+        # Padding rows past vocab_size (a vocab-parallel shard's) never appear.
+        w = weight(1500, 64)
+        padded = torch.cat([w, torch.full((64, 64), 1.0, dtype=DTYPE)])
+        x = hidden(5, 64).abs()  # the all-ones padding rows would win
+        lp, ids = mod.fused_depth_topk(x, padded, 8, vocab_size=1500, config=cfg)
+        out.append({"case": f"{path}: padded vocabulary", **check(lp, ids, x, w.double(), 8, 1500)})
+
+        # Tensor parallelism: three uneven shards, each its own partial, then the merge.
+        w, x = weight(3000, 64), hidden(6, 64)
+        shards = [(0, 700), (700, 2900), (2900, 3000)]
+        parts = [mod.fused_local_topk(x, w[a:b], 16, vocab_start=a, config=cfg) for a, b in shards]
+        lp, ids, lse = mod.merge_topk_partials(*(torch.stack([p[i] for p in parts], 1) for i in range(3)), 16)
+        lse_err = (lse.double() - torch.logsumexp(x.double() @ w.double().T, -1)).abs().max().item()
+        assert lse_err <= 1e-3, lse_err
+        res = check(lp, ids, x, w.double(), 16, 3000)
+        out.append({"case": f"{path}: TP merge of 3 shards", "lse_err": lse_err, **res})
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_child())
+
+import pytest  # noqa: E402
+from test_patched_cli import cpu_python  # noqa: E402, F401  (the build/cpu-venv fixture)
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def interpreted(cpu_python) -> list:  # noqa: F811
+    proc = subprocess.run([str(cpu_python), __file__], capture_output=True, text=True, timeout=1800,
+                          env=dict(os.environ, CUDA_VISIBLE_DEVICES=""), cwd=REPO)
+    assert proc.returncode == 0, f"the interpreted kernels failed:\n{proc.stderr[-4000:]}"
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_every_case_meets_the_float64_rule(interpreted):
+    names = [r["case"] for r in interpreted]
+    assert names[: len(CASES)] == [c[0] for c in CASES]
+    assert len(names) == len(CASES) + 8
+    assert all(r["max_abs_lp_err"] <= 1e-3 for r in interpreted)
+
+
+def test_exact_ties_were_exercised(interpreted):
+    """The tie cases had bitwise-equal values in the top 16 (the child asserts the lower id comes
+    first among them): 9 tied rows give 8 equal neighbours."""
+    ties = [r for r in interpreted if r["case"].endswith("exact ties")]
+    assert [r["equal_values_in_row_0"] for r in ties] == [8, 8]
