@@ -1065,7 +1065,7 @@ import os  # noqa: E402
 import subprocess  # noqa: E402
 
 import pytest  # noqa: E402
-from test_patched_cli import CPU_REQUIREMENTS, cpu_python, downloads, install  # noqa: E402, F401
+from test_patched_cli import cpu_python, downloads, install  # noqa: E402, F401
 
 from sgdeploy import patchset, wheel  # noqa: E402
 
@@ -1094,23 +1094,6 @@ class Worker(DFlashWorkerV2):
 
 
 @pytest.fixture(scope="session")
-def checker_python(cpu_python) -> Path:  # noqa: F811  (test_patched_cli's fixture)
-    """build/cpu-venv with every package of CPU_REQUIREMENTS (one made before a package was added lacks it)."""
-    probe = "import importlib.metadata as m, sys\nfor r in sys.argv[1:]: m.version(r.split('==')[0])"
-    try:
-        ok = subprocess.run([cpu_python, "-c", probe, *CPU_REQUIREMENTS], capture_output=True).returncode == 0
-    except OSError:
-        ok = False
-    if not ok:
-        proc = subprocess.run(
-            [cpu_python, "-m", "pip", "install", "-q", "--disable-pip-version-check", *CPU_REQUIREMENTS],
-            capture_output=True, text=True, timeout=3600,
-        )  # fmt: skip
-        assert proc.returncode == 0, f"installing {CPU_REQUIREMENTS} failed:\n{proc.stderr[-3000:]}"
-    return cpu_python
-
-
-@pytest.fixture(scope="session")
 def patched_site(tmp_path_factory, downloads) -> Path:  # noqa: F811  (test_patched_cli's fixture)
     series = patchset.load()
     if "ddtree" not in series.features():
@@ -1121,12 +1104,12 @@ def patched_site(tmp_path_factory, downloads) -> Path:  # noqa: F811  (test_patc
 
 
 @pytest.fixture(scope="session")
-def checked(checker_python, patched_site, tmp_path_factory) -> dict:
+def checked(cpu_python, patched_site, tmp_path_factory) -> dict:  # noqa: F811
     snippet = tmp_path_factory.mktemp("snippet") / "ddtree_plumbing_snippet.py"
     snippet.write_text(SNIPPET)
     env = dict(os.environ, PYTHONPATH=str(patched_site), CUDA_VISIBLE_DEVICES="")
     proc = subprocess.run(
-        [checker_python, __file__, *DDTREE_MODULES, str(snippet)],
+        [cpu_python, __file__, *DDTREE_MODULES, str(snippet)],
         capture_output=True, text=True, env=env, timeout=900, cwd=patched_site,
     )  # fmt: skip
     assert proc.returncode == 0, f"the checker failed (exit {proc.returncode}):\n{proc.stderr[-5000:]}"

@@ -45,6 +45,8 @@ CPU_REQUIREMENTS = [
     "partial-json-parser==0.2.1.1.post7",
 ]  # fmt: skip
 IMPORT_PROBE = "import torch, transformers, fastapi, pydantic, zmq, orjson, msgspec, uvloop, triton, IPython, dill"
+# Every package of CPU_REQUIREMENTS is installed (a venv made before a package was added lacks it).
+INSTALLED_PROBE = "import importlib.metadata as m, sys\nfor r in sys.argv[1:]: m.version(r.split('==')[0])"
 
 # Parse with SGLang's own parser, then run its speculative-decoding resolution hook (the full
 # resolve_once() would need the model weights' stack); report what it resolved, or the rejection.
@@ -107,7 +109,10 @@ def ddtree_line(models: Path, budget: int, cap: int) -> list[str]:
 @pytest.fixture(scope="session")
 def cpu_python() -> Path:
     py = CPU_VENV / "bin" / "python"
-    if py.exists() and subprocess.run([py, "-c", IMPORT_PROBE], capture_output=True).returncode == 0:
+    if py.exists() and all(
+        subprocess.run([py, "-c", probe, *CPU_REQUIREMENTS], capture_output=True).returncode == 0
+        for probe in (IMPORT_PROBE, INSTALLED_PROBE)
+    ):
         return py
     if not py.exists():
         subprocess.run([sys.executable, "-m", "venv", str(CPU_VENV)], check=True)
