@@ -4,8 +4,9 @@ Shape: hidden 5120, vocabulary 248320 (bf16 lm_head, 2.54 GB), 15 draft depths, 
 batch 1, 8, 16 and 64 (N = batch x 15 rows). For each: (a) the per-depth loop it replaces
 (15 x matmul + log_softmax + topk), (b) batched torch (one matmul + log_softmax + topk),
 (c) fused_depth_topk with its default dispatch (logits from the Triton kernel for small N, from
-cuBLAS + the Triton pass from CUBLAS_MIN_ROWS rows, then the per-row selection; eager, and
-replayed from a CUDA graph), (d) the floor: lm_head bytes at the device-to-device copy bandwidth measured in this run,
+cuBLAS + the Triton pass from CUBLAS_MIN_ROWS rows, from the persistent TMA kernel with the pass
+as its epilogue from TMA_MIN_ROWS rows, then the per-row selection; eager, and replayed from a
+CUDA graph), (d) the floor: lm_head bytes at the device-to-device copy bandwidth measured in this run,
 (e) the matmul alone: plain bf16 `hidden @ W.T` (cuBLAS, bf16 out), the reference of the
 batch-64 target. For information, the cuBLAS matmul with fp32 output (the first half of the
 large-N path). Medians of triton.testing.do_bench (L2 flushed between calls). The ratios the
@@ -14,8 +15,9 @@ the matmul; separately, the fused call and the head copy that gives the floor), 
 before each call, order alternating; the ratio reported is the median of the 61 per-pair
 ratios, with its interquartile range (the H200's matmul time drifts by several percent between
 seconds; medians taken apart, or alternating 200 ms blocks, inherit that drift).
---configs also times variants (the other path; L2-sized chunks) and probes the dispatch
-threshold: both paths at N = 30, 60, 90, 120.
+--configs also times variants (the other paths; other geometries) and probes the dispatch
+thresholds: Triton against cuBLAS at N = 30, 60, 90, 120; cuBLAS against TMA at N = 240, 480,
+720, 960.
 
     python tests/gpu/bench_fused_topk.py OUT_DIR [--configs]   # --configs also times variants
 """
@@ -39,16 +41,17 @@ H, V, D = 5120, 248320, 15
 BATCHES = (1, 8, 16, 64)
 KS = (8, 16)
 
-# Variants timed with --configs (the shipped default is always timed too): the other path, the
-# cuBLAS path in L2-sized chunks (8192 columns: 31 MB of fp32 logits at N = 960), and other
-# geometries of the pass (the default: 1024-column tiles on 2 warps, rows split into slices
-# until about 4 programs per SM; PS forces the slices per row).
+# Variants timed with --configs (the shipped default is always timed too): the other paths,
+# other geometries of the cuBLAS path's pass (the default: 1024-column tiles on 2 warps, rows
+# split into slices until about 4 programs per SM; PS forces the slices per row), the TMA path
+# without the selection's group level (SUP 1) and in L2-sized chunks (8192 columns: 31 MB of
+# fp32 logits at N = 960).
 VARIANTS = {
     1: [dict(num_stages=3), dict(num_stages=6)],
     8: [dict(path="triton"), dict(path="cublas", BV=2048, num_warps=4), dict(path="cublas", PS=1)],
-    16: [dict(path="triton")],
-    64: [dict(path="triton"), dict(path="cublas", VC=8192), dict(path="cublas", BV=2048, num_warps=4),
-         dict(path="cublas", PS=2)],
+    16: [dict(path="triton"), dict(path="tma")],
+    64: [dict(path="triton"), dict(path="cublas"), dict(path="cublas", BV=2048, num_warps=4),
+         dict(path="tma", SUP=1), dict(path="tma", VC=8192)],
 }
 
 
@@ -175,7 +178,7 @@ def main(out_dir: str, try_configs: bool):
                     kinfo = None
                     try:
                         t, _, r, _ = paired(lambda: mod.fused_depth_topk(hid, w, k, config=c), matmul, pairs=21)
-                        kv = mod.LAST_LAUNCH.get("chunk" if c.get("path", path) == "cublas" else "split")
+                        kv = mod.LAST_LAUNCH.get("split" if c.get("path", path) == "triton" else "chunk")
                         kinfo = dict(regs=kv.n_regs, spills=kv.n_spills, shared=kv.metadata.shared)
                     except Exception as exc:  # a variant may not fit (shared memory)
                         t = r = None
@@ -193,13 +196,20 @@ def main(out_dir: str, try_configs: bool):
                                       lambda: mod.fused_depth_topk(hid, w, k, config={"path": "cublas"}))
                 probe.append(dict(n=n, k=k, triton_ms=t_tri, cublas_ms=t_cub))
                 print("probe", json.dumps(probe[-1]), flush=True)
+        for n in (240, 480, 720, 960):
+            hid = torch.randn(n, H, device=dev).to(torch.bfloat16)
+            for k in KS:
+                t_cub, t_tma, r, _ = paired(lambda: mod.fused_depth_topk(hid, w, k, config={"path": "cublas"}),
+                                            lambda: mod.fused_depth_topk(hid, w, k, config={"path": "tma"}))
+                probe.append(dict(n=n, k=k, cublas_ms=t_cub, tma_ms=t_tma, cublas_over_tma=r))
+                print("probe", json.dumps(probe[-1]), flush=True)
 
     info = dict(
         date=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
         command="python tests/gpu/bench_fused_topk.py $OUT" + (" --configs" if try_configs else ""),
         lm_head_bytes=wbytes, copy_ms=t_copy, copy_GBps=copy_bw / 1e9, floor_ms=floor_ms,
-        cublas_min_rows=getattr(mod, "CUBLAS_MIN_ROWS", None), rows=rows, variants=variants, probe=probe,
+        cublas_min_rows=getattr(mod, "CUBLAS_MIN_ROWS", None), tma_min_rows=getattr(mod, "TMA_MIN_ROWS", None), rows=rows, variants=variants, probe=probe,
     )
     (out / "bench_fused_topk.json").write_text(json.dumps(info, indent=1))
 
@@ -215,7 +225,8 @@ def main(out_dir: str, try_configs: bool):
               f"  iqr floor {r['fused_over_floor_iqr'][0]:.3f}-{r['fused_over_floor_iqr'][1]:.3f}"
               f" matmul {r['fused_over_matmul_iqr'][0]:.3f}-{r['fused_over_matmul_iqr'][1]:.3f}")
     for x in probe:
-        print(f"probe N {x['n']:4d} k{x['k']:2d}: triton {x['triton_ms']:.3f} ms, cublas {x['cublas_ms']:.3f} ms")
+        other = f"triton {x['triton_ms']:.3f} ms" if "triton_ms" in x else f"tma {x['tma_ms']:.3f} ms"
+        print(f"probe N {x['n']:4d} k{x['k']:2d}: cublas {x['cublas_ms']:.3f} ms, {other}")
     for x in variants:
         if x["ms"]:
             print(f"variant b{x['batch']} k{x['k']}: {x['ms']:.3f} ms ({x['over_matmul']:.2f}x matmul) {x['config']}")

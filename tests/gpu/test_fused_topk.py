@@ -1,8 +1,9 @@
 """Correctness of the fused per-depth top-k kernel (patch 0003) against a float64 reference.
 
-Both paths are covered: logits from the Triton kernel (small N) and, from CUBLAS_MIN_ROWS rows,
-cuBLAS fp32 logits + the Triton pass, each followed by the per-row selection (forced with
-config={"path": ...} where a test needs the other one). tests/unit/test_fused_topk_cpu.py runs
+All three logits paths are covered: the Triton kernel (small N), from CUBLAS_MIN_ROWS rows cuBLAS
+fp32 logits + the Triton pass, and from TMA_MIN_ROWS rows (Hopper and newer) the persistent TMA
+kernel with the pass as its epilogue, each followed by the per-row selection (forced with
+config={"path": ...} where a test needs another one). tests/unit/test_fused_topk_cpu.py runs
 the same kernels on the CPU (Triton's interpreter) in CI. Runs on a CUDA GPU (skipped elsewhere). The kernel is the file that patch 0003 adds,
 sglang/srt/speculative/fused_depth_topk.py, read straight out of
 patches/sglang/0003-fused-depth-topk.patch (or from $FUSED_TOPK_FILE) and imported by path,
@@ -66,7 +67,7 @@ def mod():
 @pytest.mark.parametrize("k", [8, 16])
 def test_full_size(mod, batch, k):
     """Qwen3.6-sized head (vocab 248320, hidden 5120), 15 depths per request, default dispatch
-    (batch 1: Triton kernel; 8, 16 and 64: cuBLAS + chunk pass)."""
+    (batch 1: Triton kernel; 8 and 16: cuBLAS + pass; 64: the TMA kernel on Hopper or newer)."""
     w, w64 = _weight(V_FULL, H_FULL, seed=1)
     n = batch * DEPTHS
     hidden = torch.randn(n, H_FULL, device="cuda").to(torch.bfloat16)  # fresh every run
@@ -78,7 +79,9 @@ def test_full_size(mod, batch, k):
 @needs_cuda
 def test_dispatch_by_rows(mod):
     """Small N: the single Triton kernel; from CUBLAS_MIN_ROWS rows: cuBLAS (fp32 logits) + pass,
-    when torch has mm(..., out_dtype=float32) (torch >= 2.8; the GPU machine has 2.11)."""
+    when torch has mm(..., out_dtype=float32) (torch >= 2.8; the GPU machine has 2.11); from
+    TMA_MIN_ROWS rows on Hopper or newer (the H200 is): the TMA kernel, unless the operands are
+    not 16-byte aligned."""
     dev = torch.device("cuda")
 
     def path(n):
@@ -87,20 +90,37 @@ def test_dispatch_by_rows(mod):
     assert 16 < mod.CUBLAS_MIN_ROWS <= 120  # batch 1 (N = 15) keeps the Triton kernel
     assert path(15) == "triton" and path(mod.CUBLAS_MIN_ROWS - 1) == "triton"
     big = "cublas" if mod._has_mm_out_dtype() else "triton"
-    assert path(mod.CUBLAS_MIN_ROWS) == big and path(960) == big
-    _record("dispatch", min_rows=mod.CUBLAS_MIN_ROWS, n960=path(960), mm_out_dtype=mod._has_mm_out_dtype())
+    assert path(mod.CUBLAS_MIN_ROWS) == big and path(mod.TMA_MIN_ROWS - 1) == big
+    assert 720 < mod.TMA_MIN_ROWS <= 960  # measured: slower than cuBLAS at 720 rows, faster at 960
+    tma = "tma" if torch.cuda.get_device_capability()[0] >= 9 else big
+    assert path(mod.TMA_MIN_ROWS) == tma and path(960) == tma
+    assert mod.default_config(960, V_FULL, H_FULL, dev, tma=False)["path"] == big  # unaligned operands
+    _record("dispatch", min_rows=mod.CUBLAS_MIN_ROWS, tma_min_rows=mod.TMA_MIN_ROWS, n960=path(960),
+            mm_out_dtype=mod._has_mm_out_dtype())
 
 
-# Forced paths: the other path at full size, and cuBLAS chunking (a chunk narrower than the
-# shard, one not a multiple of 256 whose last chunk is short).
+# Forced paths: the other paths at full size, and chunking (a chunk narrower than the shard,
+# one not a multiple of 256 whose last chunk is short); the TMA kernel also at batch 1 and 16
+# (row tiles mostly padding) and with the selection's group level off.
 PATH_CASES = [
     (64, 16, {"path": "triton"}),
     (8, 8, {"path": "triton"}),
     (64, 8, {"path": "cublas", "VC": 8192}),
     (64, 16, {"path": "cublas", "VC": 5000}),
+    (64, 16, {"path": "cublas"}),
     (8, 16, {"path": "cublas", "VC": 0}),
     (1, 8, {"path": "cublas", "VC": 100000}),
+    (64, 8, {"path": "tma", "VC": 8192}),
+    (64, 16, {"path": "tma", "VC": 5000}),
+    (64, 16, {"path": "tma", "SUP": 1}),
+    (16, 16, {"path": "tma"}),
+    (1, 8, {"path": "tma", "VC": 100000}),
 ]
+
+
+def _forced(path, vc):
+    """config forcing one path; the two matmul paths in chunks of vc columns."""
+    return {"path": "triton", **(CFG or {})} if path == "triton" else {"path": path, "VC": vc}
 
 
 @needs_cuda
@@ -118,36 +138,38 @@ ODD = [(1, 50021, 1000, 3), (7, 32000, 4096, 5), (33, 100003, 2048, 16), (129, 6
 
 
 @needs_cuda
-@pytest.mark.parametrize("path", [None, "triton", "cublas"])
+@pytest.mark.parametrize("path", [None, "triton", "cublas", "tma"])
 @pytest.mark.parametrize("n,v,h,k", ODD)
 def test_odd_shapes(mod, n, v, h, k, path):
     """Vocab not a tile multiple, hidden not a BK multiple, K not a power of two; default
-    dispatch and each path forced (cuBLAS in chunks of 7000 columns: a short last chunk)."""
+    dispatch and each path forced (cuBLAS and TMA in chunks of 7000 columns: a short last chunk,
+    for TMA one whose rows are padded to a 16-byte multiple)."""
     w, w64 = _weight(v, h, seed=2)
     hidden = torch.randn(n, h, device="cuda").to(torch.bfloat16)
-    cfg = {None: CFG, "triton": {"path": "triton", **(CFG or {})}, "cublas": {"path": "cublas", "VC": 7000}}[path]
+    cfg = CFG if path is None else _forced(path, 7000)
     lp, ids = mod.fused_depth_topk(hidden, w, k, config=cfg)
     _record(f"odd n{n} v{v} h{h} k{k} {path or 'default'}", **check(lp, ids, hidden, w64, k, v))
 
 
 @needs_cuda
-@pytest.mark.parametrize("path", ["triton", "cublas"])
+@pytest.mark.parametrize("path", ["triton", "cublas", "tma"])
 def test_padded_vocab(mod, path):
     """Rows past vocab_size (TP padding) never appear and do not enter the LSE."""
     v, h, k = 30000, 1024, 8
     w, w64 = _weight(v, h, seed=3)
     padded = torch.cat([w, torch.full((64, h), 1.0, device="cuda", dtype=w.dtype)])
     hidden = torch.randn(9, h, device="cuda").to(torch.bfloat16).abs()  # padding would win
-    cfg = {"path": "triton", **(CFG or {})} if path == "triton" else {"path": "cublas", "VC": 4096}
+    cfg = _forced(path, 4096)
     lp, ids = mod.fused_depth_topk(hidden, padded, k, vocab_size=v, config=cfg)
     _record(f"padded vocab {path}", **check(lp, ids, hidden, w64, k, v))
 
 
 @needs_cuda
-@pytest.mark.parametrize("path", ["triton", "cublas"])
+@pytest.mark.parametrize("path", ["triton", "cublas", "tma"])
 def test_exact_ties(mod, path):
     """Duplicated head rows give exactly equal logits: each tied value must appear as often as
-    it does in the reference, with distinct ids (cuBLAS path: the tied rows span two chunks)."""
+    it does in the reference, with distinct ids (cuBLAS and TMA paths: the tied rows span two
+    chunks)."""
     v, h, k = 20000, 512, 16
     base, _ = _weight(v, h, seed=4)
     w = base.clone()
@@ -156,22 +178,22 @@ def test_exact_ties(mod, path):
     w64 = w.double()
     hidden = torch.randn(12, h, device="cuda").to(torch.bfloat16)
     hidden[:6] = (w[7].float() * 4).to(torch.bfloat16)  # push the tied group into the top-k
-    cfg = {"path": "triton", **(CFG or {})} if path == "triton" else {"path": "cublas", "VC": 1004}
+    cfg = _forced(path, 1004)
     lp, ids = mod.fused_depth_topk(hidden, w, k, config=cfg)
     _record(f"exact ties {path}", **check(lp, ids, hidden, w64, k, v))
 
 
 @needs_cuda
-@pytest.mark.parametrize("path", ["triton", "cublas"])
+@pytest.mark.parametrize("path", ["triton", "cublas", "tma"])
 @pytest.mark.parametrize("bounds", [(0, 62080, 124160, 186240, 248320), (0, 1000, 130000, 248320)])
 def test_fake_tp_merge(mod, bounds, path):
     """Vocab split into fake TP shards on one GPU: per-shard kernel, then the merge of K
     log-probs + K ids + LSE per shard, through the same packing as the real all-gather.
-    Triton path at batch 8; cuBLAS path at batch 64 with 65536-column chunks (shards of one
-    chunk, of two, and one smaller than a chunk)."""
+    Triton path at batch 8; cuBLAS and TMA paths at batch 64 with 65536-column chunks (shards of
+    one chunk, of two, and one smaller than a chunk)."""
     k = 16
     batch = 8 if path == "triton" else 64
-    cfg = {"path": "triton", **(CFG or {})} if path == "triton" else {"path": "cublas", "VC": 65536}
+    cfg = _forced(path, 65536)
     w, w64 = _weight(V_FULL, H_FULL, seed=1)
     n = batch * DEPTHS
     hidden = torch.randn(n, H_FULL, device="cuda").to(torch.bfloat16)
@@ -259,15 +281,17 @@ def test_ddtree_dispatch(mod):
     _record("ddtree dispatch", fused=res, torch_path=res0)
 
 
-GRAPH_CASES = [(4, 8, {"path": "triton"}), (64, 16, None), (64, 8, {"path": "cublas", "VC": 16384})]
+GRAPH_CASES = [(4, 8, {"path": "triton"}), (64, 16, None), (64, 8, {"path": "cublas", "VC": 16384}),
+               (64, 8, {"path": "tma", "VC": 16384}), (16, 16, None)]
 
 
 @needs_cuda
 @pytest.mark.parametrize("batch,k,cfg", GRAPH_CASES)
 def test_cuda_graph(mod, batch, k, cfg):
     """Captured once, replayed on fresh inputs copied into the static buffers: batch 4 (Triton
-    kernel), batch 64 (cuBLAS + pass, one chunk), batch 64 in 16 chunks (49 launches: matmul,
-    pass and selection per chunk, then the merge)."""
+    kernel), batch 64 (default: the TMA kernel, one chunk), batch 64 in 16 chunks on cuBLAS (49
+    launches: matmul, pass and selection per chunk, then the merge) and on the TMA kernel,
+    batch 16 (default: cuBLAS + pass, one chunk)."""
     n = DEPTHS * batch
     cfg = CFG if cfg is None else {**cfg, **(CFG or {})}
     w, w64 = _weight(V_FULL, H_FULL, seed=1)
@@ -297,9 +321,10 @@ def main(out_path=None):
     cases = [(test_full_size, dict(batch=b, k=k)) for b in (1, 8, 16, 64) for k in (8, 16)]
     cases += [(test_dispatch_by_rows, {})]
     cases += [(test_paths_full_size, dict(batch=b, k=k, cfg=c)) for b, k, c in PATH_CASES]
-    cases += [(test_odd_shapes, dict(n=n, v=v, h=h, k=k, path=p)) for n, v, h, k in ODD for p in (None, "triton", "cublas")]
-    cases += [(f, dict(path=p)) for f in (test_padded_vocab, test_exact_ties) for p in ("triton", "cublas")]
-    cases += [(test_fake_tp_merge, dict(bounds=b, path=p)) for p in ("triton", "cublas") for b in
+    paths = ("triton", "cublas", "tma")
+    cases += [(test_odd_shapes, dict(n=n, v=v, h=h, k=k, path=p)) for n, v, h, k in ODD for p in (None, *paths)]
+    cases += [(f, dict(path=p)) for f in (test_padded_vocab, test_exact_ties) for p in paths]
+    cases += [(test_fake_tp_merge, dict(bounds=b, path=p)) for p in paths for b in
               [(0, 62080, 124160, 186240, 248320), (0, 1000, 130000, 248320)]]
     cases += [(test_ddtree_dispatch, {})]
     cases += [(test_cuda_graph, dict(batch=b, k=k, cfg=c)) for b, k, c in GRAPH_CASES]

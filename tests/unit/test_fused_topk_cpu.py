@@ -5,7 +5,9 @@ read out of patches/sglang/0003-fused-depth-topk.patch, in CI at small shapes an
 the same rule (tests/gpu/fused_topk_ref.py: log-probs within 1e-3 of float64, the same ids
 except ties). It covers what the selection must get right whatever the data: the top K all in
 one 128-column segment, spread one per segment, exact ties, vocabulary padding, chunks (one
-with a single column), K that is 1 or not a power of two, and the tensor-parallel merge.
+with a single column), K that is 1 or not a power of two, and the tensor-parallel merge; on all
+three logits paths (the Triton streaming kernel, cuBLAS + the pass, the persistent TMA kernel
+with the pass as its epilogue, whose TMA loads and stores the interpreter emulates).
 
 Test equipment: the interpreter runs the Triton kernels with numpy, and on the CPU the cuBLAS
 fp32-output matmul (`torch.mm(..., out_dtype=torch.float32)`, CUDA only) is stood in for by
@@ -25,6 +27,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 # name, rows N, vocab V, hidden H, K, config (path forced; small tiles for the interpreter)
 TRITON = {"path": "triton", "BN": 16, "BV": 128, "BK": 32, "num_warps": 4, "num_stages": 1}
+TMA = {"path": "tma", "BM": 16, "BN": 64, "BK": 32, "SEG": 32, "SUP": 4, "num_warps": 4, "num_stages": 2}
 CASES = [
     ("triton K8", 15, 3001, 64, 8, TRITON),
     ("triton K16, H not a BK multiple", 15, 2000, 48, 16, TRITON),
@@ -34,6 +37,10 @@ CASES = [
     ("cuBLAS K1, 3 slices per row, 64-column segments", 7, 3001, 64, 1,
      {"path": "cublas", "BV": 256, "SEG": 64, "PS": 3}),
     ("cuBLAS K16, vocabulary of 20 (fewer segments than K)", 3, 20, 64, 16, {"path": "cublas"}),
+    ("TMA K8, 3001 columns (padded row stride), groups of 4 segments", 15, 3001, 64, 8, TMA),
+    ("TMA K16, H not a BK multiple, no group level", 40, 2000, 48, 16, {**TMA, "SUP": 1}),
+    ("TMA K5 in 700-column chunks, one 64-column segment per tile", 5, 2000, 64, 5, {**TMA, "SEG": 64, "VC": 700}),
+    ("TMA K16, vocabulary of 20 (fewer groups and segments than K)", 3, 20, 64, 16, TMA),
 ]
 
 
@@ -61,7 +68,7 @@ def _child() -> int:
         lp, ids = mod.fused_depth_topk(x, w, k, config=cfg)
         out.append({"case": name, **check(lp, ids, x, w.double(), k, v)})
 
-    for cfg in (TRITON, {"path": "cublas", "VC": 640}):
+    for cfg in (TRITON, {"path": "cublas", "VC": 640}, {**TMA, "VC": 640}):
         path = cfg["path"]
         # The top 16 of rows 0-2 all in one 128-column segment (columns 256-271); rows 3-5 have
         # theirs one per segment (columns 60, 188, ..., 1980): the selection takes K segments.
@@ -131,7 +138,7 @@ def interpreted(cpu_python) -> list:  # noqa: F811
 def test_every_case_meets_the_float64_rule(interpreted):
     names = [r["case"] for r in interpreted]
     assert names[: len(CASES)] == [c[0] for c in CASES]
-    assert len(names) == len(CASES) + 8
+    assert len(names) == len(CASES) + 12
     assert all(r["max_abs_lp_err"] <= 1e-3 for r in interpreted)
 
 
@@ -139,4 +146,4 @@ def test_exact_ties_were_exercised(interpreted):
     """The tie cases had bitwise-equal values in the top 16 (the child asserts the lower id comes
     first among them): 9 tied rows give 8 equal neighbours."""
     ties = [r for r in interpreted if r["case"].endswith("exact ties")]
-    assert [r["equal_values_in_row_0"] for r in ties] == [8, 8]
+    assert [r["equal_values_in_row_0"] for r in ties] == [8, 8, 8]
