@@ -7,7 +7,8 @@ except ties). It covers what the selection must get right whatever the data: the
 one 128-column segment, spread one per segment, exact ties, vocabulary padding, chunks (one
 with a single column), K that is 1 or not a power of two, and the tensor-parallel merge; on all
 three logits paths (the Triton streaming kernel, cuBLAS + the pass, the persistent TMA kernel
-with the pass as its epilogue, whose TMA loads and stores the interpreter emulates).
+with the pass as its epilogue, whose TMA loads and stores the interpreter emulates), the TMA
+path's cases with the selection's optional compaction (CAP) on.
 
 Test equipment: the interpreter runs the Triton kernels with numpy, and on the CPU the cuBLAS
 fp32-output matmul (`torch.mm(..., out_dtype=torch.float32)`, CUDA only) is stood in for by
@@ -41,6 +42,8 @@ CASES = [
     ("TMA K16, H not a BK multiple, no group level", 40, 2000, 48, 16, {**TMA, "SUP": 1}),
     ("TMA K5 in 700-column chunks, one 64-column segment per tile", 5, 2000, 64, 5, {**TMA, "SEG": 64, "VC": 700}),
     ("TMA K16, vocabulary of 20 (fewer groups and segments than K)", 3, 20, 64, 16, TMA),
+    ("TMA K16, 16 compacted candidates (most rows sort all)", 15, 3001, 64, 16, {**TMA, "CAP": 16}),
+    ("TMA K8, 64 compacted candidates", 15, 3001, 64, 8, {**TMA, "CAP": 64}),
 ]
 
 
@@ -68,7 +71,7 @@ def _child() -> int:
         lp, ids = mod.fused_depth_topk(x, w, k, config=cfg)
         out.append({"case": name, **check(lp, ids, x, w.double(), k, v)})
 
-    for cfg in (TRITON, {"path": "cublas", "VC": 640}, {**TMA, "VC": 640}):
+    for cfg in (TRITON, {"path": "cublas", "VC": 640}, {**TMA, "VC": 640, "CAP": 64}):
         path = cfg["path"]
         # The top 16 of rows 0-2 all in one 128-column segment (columns 256-271); rows 3-5 have
         # theirs one per segment (columns 60, 188, ..., 1980): the selection takes K segments.
