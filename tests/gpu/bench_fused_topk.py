@@ -45,13 +45,13 @@ KS = (8, 16)
 # other geometries of the cuBLAS path's pass (the default: 1024-column tiles on 2 warps, rows
 # split into slices until about 4 programs per SM; PS forces the slices per row), the TMA path
 # without the selection's group level (SUP 1) and in L2-sized chunks (8192 columns: 31 MB of
-# fp32 logits at N = 960).
+# fp32 logits at N = 960), and the selection's optional compaction of candidates (CAP 64).
 VARIANTS = {
     1: [dict(num_stages=3), dict(num_stages=6)],
-    8: [dict(path="triton"), dict(path="cublas", BV=2048, num_warps=4), dict(path="cublas", PS=1)],
+    8: [dict(path="triton"), dict(path="cublas", BV=2048, num_warps=4), dict(path="cublas", PS=1), dict(CAP=64)],
     16: [dict(path="triton"), dict(path="tma")],
     64: [dict(path="triton"), dict(path="cublas"), dict(path="cublas", BV=2048, num_warps=4),
-         dict(path="tma", SUP=1), dict(path="tma", VC=8192)],
+         dict(path="tma", SUP=1), dict(path="tma", VC=8192), dict(CAP=64)],
 }
 
 
