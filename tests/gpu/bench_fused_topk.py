@@ -188,20 +188,15 @@ def main(out_dir: str, try_configs: bool):
 
     probe = []
     if try_configs:
-        # Dispatch threshold: both paths at small N (the default uses cuBLAS from CUBLAS_MIN_ROWS).
-        for n in (30, 60, 90, 120):
+        # Dispatch thresholds, each pair of paths side by side around its threshold (the default
+        # uses cuBLAS from CUBLAS_MIN_ROWS rows and the TMA kernel from TMA_MIN_ROWS).
+        for n, pa, pb in [(n, "triton", "cublas") for n in (30, 60, 90, 120)] + \
+                         [(n, "cublas", "tma") for n in (240, 480, 720, 960)]:
             hid = torch.randn(n, H, device=dev).to(torch.bfloat16)
             for k in KS:
-                t_tri, t_cub, _, _ = paired(lambda: mod.fused_depth_topk(hid, w, k, config={"path": "triton"}),
-                                      lambda: mod.fused_depth_topk(hid, w, k, config={"path": "cublas"}))
-                probe.append(dict(n=n, k=k, triton_ms=t_tri, cublas_ms=t_cub))
-                print("probe", json.dumps(probe[-1]), flush=True)
-        for n in (240, 480, 720, 960):
-            hid = torch.randn(n, H, device=dev).to(torch.bfloat16)
-            for k in KS:
-                t_cub, t_tma, r, _ = paired(lambda: mod.fused_depth_topk(hid, w, k, config={"path": "cublas"}),
-                                            lambda: mod.fused_depth_topk(hid, w, k, config={"path": "tma"}))
-                probe.append(dict(n=n, k=k, cublas_ms=t_cub, tma_ms=t_tma, cublas_over_tma=r))
+                t_a, t_b, r, _ = paired(lambda: mod.fused_depth_topk(hid, w, k, config={"path": pa}),
+                                        lambda: mod.fused_depth_topk(hid, w, k, config={"path": pb}))
+                probe.append({"n": n, "k": k, f"{pa}_ms": t_a, f"{pb}_ms": t_b, f"{pa}_over_{pb}": r})
                 print("probe", json.dumps(probe[-1]), flush=True)
 
     info = dict(
@@ -225,8 +220,8 @@ def main(out_dir: str, try_configs: bool):
               f"  iqr floor {r['fused_over_floor_iqr'][0]:.3f}-{r['fused_over_floor_iqr'][1]:.3f}"
               f" matmul {r['fused_over_matmul_iqr'][0]:.3f}-{r['fused_over_matmul_iqr'][1]:.3f}")
     for x in probe:
-        other = f"triton {x['triton_ms']:.3f} ms" if "triton_ms" in x else f"tma {x['tma_ms']:.3f} ms"
-        print(f"probe N {x['n']:4d} k{x['k']:2d}: cublas {x['cublas_ms']:.3f} ms, {other}")
+        times = ", ".join(f"{key[:-3]} {t:.3f} ms" for key, t in x.items() if key.endswith("_ms"))
+        print(f"probe N {x['n']:4d} k{x['k']:2d}: {times}")
     for x in variants:
         if x["ms"]:
             print(f"variant b{x['batch']} k{x['k']}: {x['ms']:.3f} ms ({x['over_matmul']:.2f}x matmul) {x['config']}")
