@@ -5,8 +5,8 @@ batch 1, 8, 16 and 64 (N = batch x 15 rows). For each: (a) the per-depth loop it
 (15 x matmul + log_softmax + topk), (b) batched torch (one matmul + log_softmax + topk),
 (c) fused_depth_topk with its default dispatch (logits from the Triton kernel for small N, from
 cuBLAS + the Triton pass from CUBLAS_MIN_ROWS rows, from the persistent TMA kernel with the pass
-as its epilogue from TMA_MIN_ROWS rows, then the per-row selection; eager, and replayed from a
-CUDA graph), (d) the floor: lm_head bytes at the device-to-device copy bandwidth measured in this run,
+as its epilogue from TMA_MIN_ROWS rows (warp-specialised ping-pong on Hopper), then the per-row
+selection; eager, and replayed from a CUDA graph), (d) the floor: lm_head bytes at the device-to-device copy bandwidth measured in this run,
 (e) the matmul alone: plain bf16 `hidden @ W.T` (cuBLAS, bf16 out), the reference of the
 batch-64 target. For information, the cuBLAS matmul with fp32 output (the first half of the
 large-N path). Medians of triton.testing.do_bench (L2 flushed between calls). The ratios the
@@ -16,8 +16,8 @@ before each call, order alternating; the ratio reported is the median of the 61 
 ratios, with its interquartile range (the H200's matmul time drifts by several percent between
 seconds; medians taken apart, or alternating 200 ms blocks, inherit that drift).
 --configs also times variants (the other paths; other geometries) and probes the dispatch
-thresholds: Triton against cuBLAS at N = 30, 60, 90, 120; cuBLAS against TMA at N = 240, 480,
-720, 960.
+thresholds: Triton against cuBLAS at N = 30, 60, 90, 120; cuBLAS against the ping-pong TMA kernel
+at N = 240, 480, 720, 960.
 
     python tests/gpu/bench_fused_topk.py OUT_DIR [--configs]   # --configs also times variants
 """
@@ -43,15 +43,16 @@ KS = (8, 16)
 
 # Variants timed with --configs (the shipped default is always timed too): the other paths,
 # other geometries of the cuBLAS path's pass (the default: 1024-column tiles on 2 warps, rows
-# split into slices until about 4 programs per SM; PS forces the slices per row), the TMA path
-# without the selection's group level (SUP 1) and in L2-sized chunks (8192 columns: 31 MB of
-# fp32 logits at N = 960), and the selection's optional compaction of candidates (CAP 64).
+# split into slices until about 4 programs per SM; PS forces the slices per row), at batch 64
+# the Triton TMA kernel (Blackwell's path), the ping-pong kernel (Hopper's default) without the
+# selection's group level (SUP 1) and in L2-sized chunks (8192 columns: 31 MB of fp32 logits at
+# N = 960), and the selection's optional compaction of candidates (CAP 64).
 VARIANTS = {
     1: [dict(num_stages=3), dict(num_stages=6)],
     8: [dict(path="triton"), dict(path="cublas", BV=2048, num_warps=4), dict(path="cublas", PS=1), dict(CAP=64)],
-    16: [dict(path="triton"), dict(path="tma")],
-    64: [dict(path="triton"), dict(path="cublas"), dict(path="cublas", BV=2048, num_warps=4),
-         dict(path="tma", SUP=1), dict(path="tma", VC=8192), dict(CAP=64)],
+    16: [dict(path="triton"), dict(path="tma"), dict(path="pingpong")],
+    64: [dict(path="cublas"), dict(path="tma"), dict(path="tma", CAP=64), dict(path="pingpong", SUP=1),
+         dict(path="pingpong", VC=8192), dict(CAP=64)],
 }
 
 
@@ -191,7 +192,7 @@ def main(out_dir: str, try_configs: bool):
         # Dispatch thresholds, each pair of paths side by side around its threshold (the default
         # uses cuBLAS from CUBLAS_MIN_ROWS rows and the TMA kernel from TMA_MIN_ROWS).
         for n, pa, pb in [(n, "triton", "cublas") for n in (30, 60, 90, 120)] + \
-                         [(n, "cublas", "tma") for n in (240, 480, 720, 960)]:
+                         [(n, "cublas", "pingpong") for n in (240, 480, 720, 960)]:
             hid = torch.randn(n, H, device=dev).to(torch.bfloat16)
             for k in KS:
                 t_a, t_b, r, _ = paired(lambda: mod.fused_depth_topk(hid, w, k, config={"path": pa}),

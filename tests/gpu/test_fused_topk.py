@@ -1,10 +1,12 @@
 """Correctness of the fused per-depth top-k kernel (patch 0003) against a float64 reference.
 
-All three logits paths are covered: the Triton kernel (small N), from CUBLAS_MIN_ROWS rows cuBLAS
-fp32 logits + the Triton pass, and from TMA_MIN_ROWS rows (Hopper and newer) the persistent TMA
-kernel with the pass as its epilogue, each followed by the per-row selection (forced with
-config={"path": ...} where a test needs another one). tests/unit/test_fused_topk_cpu.py runs
-the same kernels on the CPU (Triton's interpreter) in CI. Runs on a CUDA GPU (skipped elsewhere). The kernel is the file that patch 0003 adds,
+All four logits paths are covered: the Triton kernel (small N), from CUBLAS_MIN_ROWS rows cuBLAS
+fp32 logits + the Triton pass, and from TMA_MIN_ROWS rows the persistent TMA kernel with the pass
+as its epilogue (on Hopper the warp-specialised Gluon "pingpong" kernel, elsewhere the Triton
+"tma" kernel), each followed by the per-row selection (forced with config={"path": ...} where a
+test needs another one). tests/unit/test_fused_topk_cpu.py runs the Triton kernels on the CPU
+(Triton's interpreter) in CI; Gluon does not run there. Runs on a CUDA GPU (skipped elsewhere).
+The kernel is the file that patch 0003 adds,
 sglang/srt/speculative/fused_depth_topk.py, read straight out of
 patches/sglang/0003-fused-depth-topk.patch (or from $FUSED_TOPK_FILE) and imported by path,
 so no SGLang package __init__ runs: it needs only torch and triton.
@@ -80,8 +82,8 @@ def test_full_size(mod, batch, k):
 def test_dispatch_by_rows(mod):
     """Small N: the single Triton kernel; from CUBLAS_MIN_ROWS rows: cuBLAS (fp32 logits) + pass,
     when torch has mm(..., out_dtype=float32) (torch >= 2.8; the GPU machine has 2.11); from
-    TMA_MIN_ROWS rows on Hopper or newer (the H200 is): the TMA kernel, unless the operands are
-    not 16-byte aligned."""
+    TMA_MIN_ROWS rows on Hopper or newer (the H200 is): the TMA kernel, warp-specialised (ping-pong)
+    on Hopper itself, unless the operands are not 16-byte aligned."""
     dev = torch.device("cuda")
 
     def path(n):
@@ -92,7 +94,8 @@ def test_dispatch_by_rows(mod):
     big = "cublas" if mod._has_mm_out_dtype() else "triton"
     assert path(mod.CUBLAS_MIN_ROWS) == big and path(mod.TMA_MIN_ROWS - 1) == big
     assert 720 < mod.TMA_MIN_ROWS <= 960  # measured: slower than cuBLAS at 720 rows, faster at 960
-    tma = "tma" if torch.cuda.get_device_capability()[0] >= 9 else big
+    cc = torch.cuda.get_device_capability()[0]
+    tma = "pingpong" if cc == 9 else ("tma" if cc >= 10 else big)
     assert path(mod.TMA_MIN_ROWS) == tma and path(960) == tma
     assert mod.default_config(960, V_FULL, H_FULL, dev, tma=False)["path"] == big  # unaligned operands
     _record("dispatch", min_rows=mod.CUBLAS_MIN_ROWS, tma_min_rows=mod.TMA_MIN_ROWS, n960=path(960),
@@ -100,8 +103,9 @@ def test_dispatch_by_rows(mod):
 
 
 # Forced paths: the other paths at full size, and chunking (a chunk narrower than the shard,
-# one not a multiple of 256 whose last chunk is short); the TMA kernel also at batch 1 and 16
-# (row tiles mostly padding) and with the selection's group level off.
+# one not a multiple of 256 whose last chunk is short); the TMA kernels (Triton's, and the
+# warp-specialised ping-pong one) also at batch 1 and 16 (row tiles mostly padding) and with the
+# selection's group level off.
 PATH_CASES = [
     (64, 16, {"path": "triton"}),
     (8, 8, {"path": "triton"}),
@@ -115,6 +119,11 @@ PATH_CASES = [
     (64, 16, {"path": "tma", "SUP": 1}),
     (16, 16, {"path": "tma"}),
     (1, 8, {"path": "tma", "VC": 100000}),
+    (64, 8, {"path": "tma"}),
+    (64, 16, {"path": "pingpong", "VC": 5000}),
+    (64, 8, {"path": "pingpong", "SUP": 1}),
+    (16, 16, {"path": "pingpong"}),
+    (1, 8, {"path": "pingpong", "VC": 100000}),
 ]
 
 
@@ -138,7 +147,7 @@ ODD = [(1, 50021, 1000, 3), (7, 32000, 4096, 5), (33, 100003, 2048, 16), (129, 6
 
 
 @needs_cuda
-@pytest.mark.parametrize("path", [None, "triton", "cublas", "tma"])
+@pytest.mark.parametrize("path", [None, "triton", "cublas", "tma", "pingpong"])
 @pytest.mark.parametrize("n,v,h,k", ODD)
 def test_odd_shapes(mod, n, v, h, k, path):
     """Vocab not a tile multiple, hidden not a BK multiple, K not a power of two; default
@@ -152,7 +161,7 @@ def test_odd_shapes(mod, n, v, h, k, path):
 
 
 @needs_cuda
-@pytest.mark.parametrize("path", ["triton", "cublas", "tma"])
+@pytest.mark.parametrize("path", ["triton", "cublas", "tma", "pingpong"])
 def test_padded_vocab(mod, path):
     """Rows past vocab_size (TP padding) never appear and do not enter the LSE."""
     v, h, k = 30000, 1024, 8
@@ -165,7 +174,7 @@ def test_padded_vocab(mod, path):
 
 
 @needs_cuda
-@pytest.mark.parametrize("path", ["triton", "cublas", "tma"])
+@pytest.mark.parametrize("path", ["triton", "cublas", "tma", "pingpong"])
 def test_exact_ties(mod, path):
     """Duplicated head rows give exactly equal logits: each tied value must appear as often as
     it does in the reference, with distinct ids (cuBLAS and TMA paths: the tied rows span two
@@ -184,7 +193,7 @@ def test_exact_ties(mod, path):
 
 
 @needs_cuda
-@pytest.mark.parametrize("path", ["triton", "cublas", "tma"])
+@pytest.mark.parametrize("path", ["triton", "cublas", "tma", "pingpong"])
 @pytest.mark.parametrize("bounds", [(0, 62080, 124160, 186240, 248320), (0, 1000, 130000, 248320)])
 def test_fake_tp_merge(mod, bounds, path):
     """Vocab split into fake TP shards on one GPU: per-shard kernel, then the merge of K
@@ -282,7 +291,7 @@ def test_ddtree_dispatch(mod):
 
 
 GRAPH_CASES = [(4, 8, {"path": "triton"}), (64, 16, None), (64, 8, {"path": "cublas", "VC": 16384}),
-               (64, 8, {"path": "tma", "VC": 16384}), (16, 16, None)]
+               (64, 8, {"path": "tma", "VC": 16384}), (64, 8, {"path": "pingpong", "VC": 16384}), (16, 16, None)]
 
 
 @needs_cuda
@@ -321,7 +330,7 @@ def main(out_path=None):
     cases = [(test_full_size, dict(batch=b, k=k)) for b in (1, 8, 16, 64) for k in (8, 16)]
     cases += [(test_dispatch_by_rows, {})]
     cases += [(test_paths_full_size, dict(batch=b, k=k, cfg=c)) for b, k, c in PATH_CASES]
-    paths = ("triton", "cublas", "tma")
+    paths = ("triton", "cublas", "tma", "pingpong")
     cases += [(test_odd_shapes, dict(n=n, v=v, h=h, k=k, path=p)) for n, v, h, k in ODD for p in (None, *paths)]
     cases += [(f, dict(path=p)) for f in (test_padded_vocab, test_exact_ties) for p in paths]
     cases += [(test_fake_tp_merge, dict(bounds=b, path=p)) for p in paths for b in

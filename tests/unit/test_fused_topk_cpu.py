@@ -65,11 +65,26 @@ def _child() -> int:
     def hidden(n, h):
         return torch.randn(n, h, generator=gen).to(DTYPE)
 
+    # Every fp32 buffer the kernels get starts as +inf, so a read of memory no kernel wrote would
+    # win the top K and fail the rule.
+    allocs = []
+    real_empty = torch.empty
+
+    def poisoned_empty(*args, **kw):
+        t = real_empty(*args, **kw)
+        if t.dtype == torch.float32:
+            allocs.append(t.fill_(float("inf")))
+        return t
+
+    torch.empty = poisoned_empty
     out = []
     for name, n, v, h, k, cfg in CASES:
         w, x = weight(v, h), hidden(n, h)
+        allocs.clear()
         lp, ids = mod.fused_depth_topk(x, w, k, config=cfg)
-        out.append({"case": name, **check(lp, ids, x, w.double(), k, v)})
+        res = check(lp, ids, x, w.double(), k, v)
+        res["poisoned_buffers"] = len(allocs)
+        out.append({"case": name, **res})
 
     for cfg in (TRITON, {"path": "cublas", "VC": 640}, {**TMA, "VC": 640, "CAP": 64}):
         path = cfg["path"]
@@ -117,12 +132,15 @@ def _child() -> int:
         assert lse_err <= 1e-3, lse_err
         res = check(lp, ids, x, w.double(), 16, 3000)
         out.append({"case": f"{path}: TP merge of 3 shards", "lse_err": lse_err, **res})
-    # TMA needs 16-byte aligned rows: forced on 60-wide fp16 rows (120 bytes), it is refused by name.
-    try:
-        mod.fused_depth_topk(hidden(3, 60), weight(500, 60), 4, config=TMA)
-        out.append({"case": "TMA forced on unaligned rows", "refused": None})
-    except AssertionError as exc:
-        out.append({"case": "TMA forced on unaligned rows", "refused": str(exc)})
+    # TMA needs 16-byte aligned rows: forced on 60-wide fp16 rows (120 bytes), it is refused by name;
+    # so is the ping-pong kernel (Gluon, Hopper's wgmma) off a Hopper GPU.
+    for case, x, w, cfg in (("TMA forced on unaligned rows", hidden(3, 60), weight(500, 60), TMA),
+                            ("ping-pong forced on the CPU", hidden(3, 64), weight(500, 64), {"path": "pingpong"})):
+        try:
+            mod.fused_depth_topk(x, w, 4, config=cfg)
+            out.append({"case": case, "refused": None})
+        except AssertionError as exc:
+            out.append({"case": case, "refused": str(exc)})
     print(json.dumps(out))
     return 0
 
@@ -150,6 +168,8 @@ def test_every_case_meets_the_float64_rule(interpreted):
     assert names[: len(CASES)] == [c[0] for c in CASES]
     assert len(names) == len(CASES) + 12
     assert all(r["max_abs_lp_err"] <= 1e-3 for r in checked)
+    # every case's fp32 buffers (logits, segment maxima, partial LSEs, outputs) started as +inf
+    assert all(r["poisoned_buffers"] >= 4 for r in checked[: len(CASES)]), checked
 
 
 def test_tma_path_refuses_unaligned_rows(interpreted):
@@ -164,3 +184,10 @@ def test_exact_ties_were_exercised(interpreted):
     first among them): 9 tied rows give 8 equal neighbours."""
     ties = [r for r in interpreted if r["case"].endswith("exact ties")]
     assert [r["equal_values_in_row_0"] for r in ties] == [8, 8, 8]
+
+
+def test_pingpong_path_refused_off_hopper(interpreted):
+    """The warp-specialised ping-pong kernel (Gluon, wgmma) runs on Hopper GPUs only; forced
+    anywhere else it is refused with a message naming what it needs (the GPU tests run it)."""
+    (res,) = [r for r in interpreted if r["case"] == "ping-pong forced on the CPU"]
+    assert res["refused"] == "path 'pingpong' needs Gluon (triton >= 3.5) on a Hopper GPU", res
