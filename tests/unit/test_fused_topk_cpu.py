@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -145,8 +146,40 @@ def _child() -> int:
     return 0
 
 
+def _compile_hopper() -> int:
+    """Compile the ping-pong kernel (Gluon, which the interpreter cannot run) for sm_90 with this
+    venv's Triton, launching nothing: Gluon's API moves between Triton releases, and the GPU
+    machine's Triton (3.6) is not the one SGLang 0.5.23's torch brings."""
+    sys.path.insert(0, str(REPO / "tests" / "gpu"))
+    import torch
+    import triton
+    from fused_topk_ref import load_kernel_module
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    mod = load_kernel_module()
+    gl, k = mod.gl, mod._pingpong_logits_kernel
+    cfg = mod.default_config(960, 248320, 5120, torch.device("cpu"), path="pingpong")
+    sig = {name: "i32" for name in k.arg_names}
+    for name, shape in (("a_desc", [cfg["BM"], cfg["BK"]]), ("b_desc", [cfg["BN"], cfg["BK"]])):
+        layout = gl.NVMMASharedLayout.get_default_for(shape, gl.bfloat16)
+        sig[name] = f"tensordesc<bf16{shape},{layout!r}>"
+    sig.update(mx_ptr="*fp32", pl_ptr="*fp32", x_ptr="*fp32")
+    consts = {name: cfg[name] for name in ("BM", "BN", "BK", "SEG", "STAGES", "REGS")}
+    consts.update(NUM_PROGS=132, WRITE=True)
+    sig.update({name: "constexpr" for name in consts})
+    compiled = triton.compile(GluonASTSource(k, sig, constexprs=consts), target=GPUTarget("cuda", 90, 32),
+                              options=dict(num_warps=4))
+    ptx = compiled.asm["ptx"]
+    print(json.dumps({"triton": triton.__version__, "shared": compiled.metadata.shared,
+                      "num_warps": compiled.metadata.num_warps, "wgmma": ptx.count("wgmma.mma_async"),
+                      "setmaxnreg_232": ptx.count("setmaxnreg.inc.sync.aligned.u32 \t232"),
+                      "tma_loads": len(re.findall(r"cp\.async\.bulk\.tensor\.2d\.shared::\w+\.global", ptx))}))
+    return 0
+
+
 if __name__ == "__main__":
-    sys.exit(_child())
+    sys.exit(_compile_hopper() if "--compile-hopper" in sys.argv else _child())
 
 import pytest  # noqa: E402
 from test_patched_cli import cpu_python  # noqa: E402, F401  (the build/cpu-venv fixture)
@@ -160,6 +193,25 @@ def interpreted(cpu_python) -> list:  # noqa: F811
                           env=dict(os.environ, CUDA_VISIBLE_DEVICES=""), cwd=REPO)
     assert proc.returncode == 0, f"the interpreted kernels failed:\n{proc.stderr[-4000:]}"
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def hopper_build(cpu_python) -> dict:  # noqa: F811
+    env = {key: val for key, val in os.environ.items() if key != "TRITON_INTERPRET"}
+    proc = subprocess.run([str(cpu_python), __file__, "--compile-hopper"], capture_output=True, text=True,
+                          timeout=600, env=dict(env, CUDA_VISIBLE_DEVICES=""), cwd=REPO)
+    assert proc.returncode == 0, f"the ping-pong kernel did not compile for sm_90:\n{proc.stderr[-4000:]}"
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_pingpong_kernel_compiles_for_hopper(hopper_build):
+    """The ping-pong kernel builds for sm_90 with the CPU venv's Triton (not the GPU machine's):
+    three warpgroups (TMA producer, two wgmma consumers raised to 232 registers), two TMA loads
+    per stage, and the shared memory a block may take on an H100/H200 (227 KB)."""
+    assert hopper_build["num_warps"] == 12, hopper_build
+    assert hopper_build["wgmma"] >= 2 and hopper_build["tma_loads"] == 2, hopper_build
+    assert hopper_build["setmaxnreg_232"] >= 1, hopper_build
+    assert 200 * 1024 <= hopper_build["shared"] <= 227 * 1024, hopper_build
 
 
 def test_every_case_meets_the_float64_rule(interpreted):
