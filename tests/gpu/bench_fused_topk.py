@@ -6,8 +6,8 @@ batch 1, 8, 16 and 64 (N = batch x 15 rows). For each: (a) the per-depth loop it
 (c) fused_depth_topk with its default dispatch (logits from the Triton kernel for small N, from
 cuBLAS + the Triton pass from CUBLAS_MIN_ROWS rows, from the persistent TMA kernel with the pass
 as its epilogue from TMA_MIN_ROWS rows (warp-specialised ping-pong on Hopper), then the per-row
-selection; eager, and replayed from a CUDA graph), (d) the floor: lm_head bytes at the device-to-device copy bandwidth measured in this run,
-(e) the matmul alone: plain bf16 `hidden @ W.T` (cuBLAS, bf16 out), the reference of the
+selection; eager, and replayed from a CUDA graph), (d) the floor: lm_head bytes at the
+device-to-device copy bandwidth measured in this run, (e) the matmul alone: plain bf16 `hidden @ W.T` (cuBLAS, bf16 out), the reference of the
 batch-64 target. For information, the cuBLAS matmul with fp32 output (the first half of the
 large-N path). Medians of triton.testing.do_bench (L2 flushed between calls). The ratios the
 targets are judged on are paired: 61 back-to-back pairs of single calls (the fused call and

@@ -298,9 +298,9 @@ GRAPH_CASES = [(4, 8, {"path": "triton"}), (64, 16, None), (64, 8, {"path": "cub
 @pytest.mark.parametrize("batch,k,cfg", GRAPH_CASES)
 def test_cuda_graph(mod, batch, k, cfg):
     """Captured once, replayed on fresh inputs copied into the static buffers: batch 4 (Triton
-    kernel), batch 64 (default: the TMA kernel, one chunk), batch 64 in 16 chunks on cuBLAS (49
-    launches: matmul, pass and selection per chunk, then the merge) and on the TMA kernel,
-    batch 16 (default: cuBLAS + pass, one chunk)."""
+    kernel), batch 64 (default: the TMA kernel, ping-pong on Hopper, one chunk), batch 64 in 16
+    chunks on cuBLAS (49 launches: matmul, pass and selection per chunk, then the merge), on the
+    Triton TMA kernel and on the ping-pong kernel, batch 16 (default: cuBLAS + pass, one chunk)."""
     n = DEPTHS * batch
     cfg = CFG if cfg is None else {**cfg, **(CFG or {})}
     w, w64 = _weight(V_FULL, H_FULL, seed=1)
