@@ -187,21 +187,24 @@ from test_patched_cli import cpu_python  # noqa: E402, F401  (the build/cpu-venv
 pytestmark = pytest.mark.slow
 
 
+def _run_child(python, *args, what: str):
+    """This file as a script in build/cpu-venv (no GPU; the interpreter is switched on by the
+    child itself where it wants it): the JSON on its last line."""
+    env = {key: val for key, val in os.environ.items() if key != "TRITON_INTERPRET"}
+    proc = subprocess.run([str(python), __file__, *args], capture_output=True, text=True, timeout=1800,
+                          env=dict(env, CUDA_VISIBLE_DEVICES=""), cwd=REPO)
+    assert proc.returncode == 0, f"{what}:\n{proc.stderr[-4000:]}"
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 @pytest.fixture(scope="module")
 def interpreted(cpu_python) -> list:  # noqa: F811
-    proc = subprocess.run([str(cpu_python), __file__], capture_output=True, text=True, timeout=1800,
-                          env=dict(os.environ, CUDA_VISIBLE_DEVICES=""), cwd=REPO)
-    assert proc.returncode == 0, f"the interpreted kernels failed:\n{proc.stderr[-4000:]}"
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return _run_child(cpu_python, what="the interpreted kernels failed")
 
 
 @pytest.fixture(scope="module")
 def hopper_build(cpu_python) -> dict:  # noqa: F811
-    env = {key: val for key, val in os.environ.items() if key != "TRITON_INTERPRET"}
-    proc = subprocess.run([str(cpu_python), __file__, "--compile-hopper"], capture_output=True, text=True,
-                          timeout=600, env=dict(env, CUDA_VISIBLE_DEVICES=""), cwd=REPO)
-    assert proc.returncode == 0, f"the ping-pong kernel did not compile for sm_90:\n{proc.stderr[-4000:]}"
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return _run_child(cpu_python, "--compile-hopper", what="the ping-pong kernel did not compile for sm_90")
 
 
 def test_pingpong_kernel_compiles_for_hopper(hopper_build):
