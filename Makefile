@@ -126,7 +126,7 @@ lab-status: $(STAMP) ## List the lab hosts
 	$(PY) tests/lab/lab.py status
 
 lint: $(STAMP) ## ruff, yamllint, ansible-lint (production profile)
-	$(VENV)/bin/ruff check sgdeploy tests
+	$(VENV)/bin/ruff check sgdeploy tests patches/sglang/src
 	$(VENV)/bin/yamllint -s .
 	$(VENV)/bin/ansible-lint --offline -q --profile production playbooks roles
 

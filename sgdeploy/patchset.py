@@ -1,9 +1,15 @@
-"""The SGLang patch series: which patch carries which feature, and the release label.
+"""The SGLang patch series and the release label of the one patched build.
 
-`patches/sglang/series` lists one patch per line as `<file> <feature>`; `#` starts a comment.
-A config selects features; its patch set is the ordered subset of the series carrying them.
-The release label names the features and a hash of the selected patches' bytes
-(docs/design.md, "Features and patches").
+`patches/sglang/` holds the series: `series` lists one diff per line as `<file> <feature>` (`#`
+starts a comment; the feature says which part of the work the diff belongs to), the diffs edit
+files that upstream ships, and `src/` holds every file the series adds, at its package path
+(`src/sglang/srt/speculative/ddtree_tree.py`). One wheel carries all of it; the features are
+switched by server flags of the patched SGLang, not by builds.
+
+A config either needs the patched series (it uses a patched feature) or not: `select` returns the
+whole series for any non-empty feature set and nothing for the empty one. The release label is
+`stock` for the pristine wheel, else the series hash: the first 12 hex digits of sha256 over the
+series file, every diff and every src file (names and bytes) (docs/build.md, "The label").
 """
 
 from __future__ import annotations
@@ -18,8 +24,9 @@ FEATURES: tuple[str, ...] = ("ddtree", "fork", "topk")
 
 DEFAULT_PATCHES_DIR = Path(__file__).resolve().parent.parent / "patches" / "sglang"
 SERIES_NAME = "series"
+SRC_NAME = "src"
 STOCK_LABEL = "stock"
-LABEL_HASH_LEN = 8
+LABEL_HASH_LEN = 12
 
 
 class PatchSetError(ValueError):
@@ -52,26 +59,20 @@ class Series:
         present = {p.feature for p in self.patches}
         return tuple(f for f in FEATURES if f in present)
 
+    @property
+    def src_dir(self) -> Path:
+        return self.directory / SRC_NAME
+
     def select(self, features: Iterable[str]) -> list[Patch]:
-        """The patches carrying `features`, in series order."""
+        """The whole series when `features` is not empty (one patched build), else nothing."""
         wanted = _check_features(features)
-        missing = [f for f in wanted if f not in {p.feature for p in self.patches}]
+        missing = [f for f in FEATURES if f in wanted and f not in {p.feature for p in self.patches}]
         if missing:
             raise PatchSetError(
                 f"feature {missing[0]!r} is wanted but {self.path} has no patch for it "
                 f"(the series has: {', '.join(self.features()) or 'no patches'})"
             )
-        return [p for p in self.patches if p.feature in wanted]
-
-    def by_names(self, names: Iterable[str]) -> list[Patch]:
-        """The named patches (file names as in the series), in series order."""
-        known = {p.name: p for p in self.patches}
-        names = [n.strip() for n in names if n.strip()]
-        for n in names:
-            if Path(n).name not in known and n not in known:
-                raise PatchSetError(f"patch {n!r} is not in {self.path} (allowed: {', '.join(known) or 'none'})")
-        chosen = {known.get(n) or known[Path(n).name] for n in names}
-        return [p for p in self.patches if p in chosen]
+        return list(self.patches) if wanted else []
 
 
 def _check_features(features: Iterable[str]) -> set[str]:
@@ -119,7 +120,7 @@ def load(patches_dir: Path | str = DEFAULT_PATCHES_DIR) -> Series:
 
 
 def select(features: Iterable[str], patches_dir: Path | str = DEFAULT_PATCHES_DIR) -> list[Patch]:
-    """The patch set for `features`, in series order."""
+    """The patch set for `features`: the whole series, or nothing for the empty set."""
     return load(patches_dir).select(features)
 
 
@@ -128,11 +129,44 @@ def features_of(patches: Sequence[Patch]) -> tuple[str, ...]:
     return tuple(f for f in FEATURES if f in present)
 
 
+def src_files(src_dir: Path | str) -> list[tuple[str, Path]]:
+    """(path inside the wheel, file) of every file under `src_dir`, sorted; caches are skipped."""
+    root = Path(src_dir)
+    if not root.is_dir():
+        return []
+    out = []
+    for path in root.rglob("*"):
+        rel = path.relative_to(root).as_posix()
+        if "__pycache__" in path.parts or rel.endswith((".pyc", ".pyo")) or path.is_dir():
+            continue
+        if path.is_symlink() or not path.is_file():
+            raise PatchSetError(f"{path}: only regular files can be laid over the wheel")
+        out.append((rel, path))
+    return sorted(out)
+
+
 def release_label(patches: Sequence[Patch]) -> str:
-    """`<features joined by .>.<8 hex of sha256 over the patch bytes in order>`, or `stock`."""
+    """`stock` for no patches, else the series hash (12 hex digits; docs/build.md).
+
+    The hash covers the series file, every diff it lists and every file under `src/` of the
+    patches' directory, each framed by its kind, name and length, so renaming or moving a file
+    changes the label too. An all-decimal hash would be rewritten by PEP 440 normalisation
+    (`+0123...` becomes `+123...`), so such a hash gets an `x` in place of its first digit.
+    """
     if not patches:
         return STOCK_LABEL
+    directory = patches[0].path.parent
+    series = load(directory)
     digest = hashlib.sha256()
-    for p in patches:
-        digest.update(p.read_bytes())
-    return ".".join((*features_of(patches), digest.hexdigest()[:LABEL_HASH_LEN]))
+
+    def put(kind: str, name: str, data: bytes) -> None:
+        digest.update(f"{kind} {name} {len(data)}\n".encode())
+        digest.update(data)
+
+    put("series", SERIES_NAME, series.path.read_bytes())
+    for p in series.patches:
+        put("diff", p.name, p.read_bytes())
+    for rel, path in src_files(series.src_dir):
+        put("src", rel, path.read_bytes())
+    label = digest.hexdigest()[:LABEL_HASH_LEN]
+    return "x" + label[1:] if label.isdigit() else label

@@ -1,14 +1,15 @@
-"""Build the patched SGLang wheel, once per patch set and target Python.
+"""Build the patched SGLang wheel (one per series and target Python), or find the pristine one.
 
     python -m sgdeploy.wheel --config ddtree-b15 [--python 3.11] [--out build/wheels] [--json]
-    python -m sgdeploy.wheel --features ddtree,fork
-    python -m sgdeploy.wheel --patches 0001-ddtree.patch
+    python -m sgdeploy.wheel --features ddtree       # any feature: the patched series
+    python -m sgdeploy.wheel --features ''           # the pristine wheel, label `stock`
 
-Steps: pick the patch set (patches/sglang/series), compute the release label, stop early when
+Steps: decide patched or stock (patches/sglang/series), compute the release label, stop early when
 `build/wheels/sglang-0.5.23+<label>-<tag>.whl` already exists; otherwise fetch the pinned upstream
-wheel (patches/sglang/upstream.yml, sha256-checked) into build/downloads, unpack it, apply the
-patches in order (each one checked before it is applied), set the version to `0.5.23+<label>`,
-regenerate RECORD and write a deterministic zip atomically.
+wheel (patches/sglang/upstream.yml, sha256-checked) into build/downloads, lay the files of
+patches/sglang/src/ over it (new files only), apply the diffs in series order (each one checked
+before it is applied), set the version to `0.5.23+<label>`, regenerate RECORD and write a
+deterministic zip atomically.
 
 Exit status: 0 built or up to date, 1 the build failed, 2 bad arguments.
 """
@@ -240,6 +241,8 @@ def _failing_file(patch: Patch, output: str) -> str:
 
 def apply_patches(root: Path, patches: Sequence[Patch], log: Callable[[str], None] = print) -> None:
     """Apply `patches` in order inside `root` (the unpacked wheel; paths are `-p1`)."""
+    if not patches:
+        return
     tool = _tool()
     env = dict(os.environ, GIT_CEILING_DIRECTORIES=str(root.parent), LC_ALL="C")
     for p in patches:
@@ -316,16 +319,40 @@ def _extract(zf: zipfile.ZipFile, info: zipfile.ZipInfo, root: Path) -> None:
     os.chmod(target, _zip_mode(info))
 
 
+def check_layout(upstream: set[str], patches: Sequence[Patch], src: Sequence[tuple[str, Path]]) -> None:
+    """Refuse a src file that would overwrite an upstream file, and a diff of a file upstream lacks."""
+    for name, path in src:
+        if name in upstream:
+            raise BuildError(
+                f"{path} would overwrite upstream file {name}: src/ holds new files only; "
+                "change an upstream file with a diff in the series"
+            )
+    for p in patches:
+        for name in sorted(touched_paths([p]) - upstream):
+            raise BuildError(
+                f"patch {p.name} ({p.feature}) edits {name}, which the upstream wheel does not ship: "
+                f"new files belong in {p.path.parent / patchset.SRC_NAME}/"
+            )
+
+
 def patch_tree(
-    zf: zipfile.ZipFile, patches: Sequence[Patch], root: Path, log: Callable[[str], None] = print
+    zf: zipfile.ZipFile,
+    patches: Sequence[Patch],
+    root: Path,
+    log: Callable[[str], None] = print,
+    src: Sequence[tuple[str, Path]] = (),
 ) -> dict[str, Entry]:
-    """Apply `patches` to the wheel in `zf`, using `root` as the work tree; the resulting entries."""
+    """Lay `src` (new files) over the wheel in `zf`, apply `patches` in `root` (the work tree for
+    the files they edit); the resulting entries."""
     upstream = {i.filename: i for i in zf.infolist() if not i.is_dir()}
+    check_layout(set(upstream), patches, src)
     touched = touched_paths(patches) & upstream.keys()
     for name in sorted(touched):
         _extract(zf, upstream[name], root)
     apply_patches(root, patches, log)
-    entries: dict[str, Entry] = {}
+    if src:
+        log(f"laid {len(src)} new file(s) from {patchset.SRC_NAME}/ over the wheel")
+    entries: dict[str, Entry] = {name: Entry(mode=_file_mode(path), path=path) for name, path in src}
     for name, info in upstream.items():
         if name not in touched:
             entries[name] = Entry(mode=_zip_mode(info), member=info)
@@ -450,7 +477,8 @@ def build(
     with tempfile.TemporaryDirectory(prefix="sgdeploy-wheel-") as tmp, zipfile.ZipFile(upstream) as zf:
         root = Path(tmp) / "wheel"
         root.mkdir()
-        entries = patch_tree(zf, patches, root, log)
+        src = patchset.src_files(patches[0].path.parent / patchset.SRC_NAME) if patches else []
+        entries = patch_tree(zf, patches, root, log, src)
         entries, dist_info = set_version(zf, entries, Path(tmp), pins.package, pins.version, version)
         dest.parent.mkdir(parents=True, exist_ok=True)
         sha = write_wheel(zf, entries, dist_info, dest)
@@ -482,8 +510,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     what = ap.add_mutually_exclusive_group()
     what.add_argument("--config", help="config name (configs/NAME.yml) or path: its patch features")
-    what.add_argument("--features", help="comma-separated features (ddtree,fork,topk); empty for stock")
-    what.add_argument("--patches", help="comma-separated patch file names from the series")
+    what.add_argument("--features", help="comma-separated features (ddtree,fork,topk): any builds the "
+                      "patched series; empty for the pristine wheel (stock)")
     ap.add_argument("--python", default=DEFAULT_PYTHON, help="target Python X.Y (default %(default)s)")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="wheel directory (default build/wheels)")
     ap.add_argument("--downloads", type=Path, default=DEFAULT_DOWNLOADS, help="upstream wheel cache")
@@ -492,8 +520,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--index-url", help="index for the upstream wheel (default: pip config, PIP_INDEX_URL)")
     ap.add_argument("--json", action="store_true", help="print one JSON object for programs")
     args = ap.parse_args(argv)
-    if args.config is None and args.features is None and args.patches is None:
-        ap.error("one of --config, --features or --patches is required")
+    if args.config is None and args.features is None:
+        ap.error("one of --config or --features is required")
     return args
 
 
@@ -513,17 +541,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if unknown:
             allowed = ", ".join(patchset.FEATURES)
             raise UsageError(f"unknown patch feature {unknown[0]!r} (allowed: {allowed})")
-        if not features and args.patches is None:
+        if not features:
             patches: list[Patch] = []  # stock: no series needed
         else:
-            series = patchset.load(args.patches_dir)
-            if args.patches is not None:
-                try:
-                    patches = series.by_names(_split(args.patches))
-                except PatchSetError as exc:
-                    raise UsageError(str(exc)) from None
-            else:
-                patches = series.select(features)
+            patches = patchset.load(args.patches_dir).select(features)
         result = build(patches, args.python, args.out, args.downloads, args.index_url, pins, say)
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)

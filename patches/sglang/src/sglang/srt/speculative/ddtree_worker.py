@@ -1,0 +1,114 @@
+"""DDTREE worker: DFlash drafting, a best-first draft tree, EAGLE tree verify.
+
+Per decode step (all device ops, no host synchronisation in the tree part):
+1. the DFlash drafter runs its block as usual (``DFlashWorkerV2``);
+2. ``depth_topk_logprobs`` projects the D = block_size - 1 draft hidden states
+   of every request through the target lm_head once ([bs * D, H] rows) and
+   returns per-depth top-K log-probabilities (TP: only K values + LSE gathered);
+3. ``build_ddtree`` selects the ``budget`` best paths and writes mask, links,
+   positions and verify tokens;
+4. ``DDTreeVerifyInput`` carries that tree through the EAGLE tree-verify path.
+
+5. ``run_eagle_verify`` (the EAGLE V2 verify body): target TARGET_VERIFY forward
+   with the tree's custom mask, ``eagle_sample`` (greedy tree walk, or
+   ``tree_speculative_sampling_target_only``: lossless tree sampling), the
+   tree-aware mamba commit (accepted node = step), and the compaction of the
+   accepted path's KV slots, tokens and hidden states to the front of each
+   request's verify window (``finalize_tree_path``);
+6. commit: ``set_accepted_nodes``, the accepted path's target hidden states into
+   the draft KV (positions prefix .. prefix + accept_len - 1, now contiguous),
+   next draft input (bonus token, new lengths).
+
+``ddtree_accept.py`` states the same acceptance rules in plain torch (tests).
+Not wired: the overlap plan stream (verify preparation runs on the forward
+stream), target CUDA graphs at width budget + 1 are the EAGLE verify graphs,
+and the DFlash variants (selector, LiLiCorr, Domino, compact draft cache) are
+refused. Nothing here has run inside a server yet (docs/ddtree.md).
+
+New file of the sgdeploy patch series (not in SGLang 0.5.23); ``spec_info.py``'s
+diff (patch 0001) returns this worker for ``--speculative-algorithm DDTREE`` only,
+so AR and DFLASH servers never import it.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Optional
+
+import torch
+from sglang.srt.runtime_context import get_spec
+from sglang.srt.speculative import ddtree_decode
+from sglang.srt.speculative.ddtree_info import DDTreeVerifyInput
+from sglang.srt.speculative.ddtree_topk import depth_topk_logprobs
+from sglang.srt.speculative.ddtree_tree import build_ddtree
+from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
+
+logger = logging.getLogger(__name__)
+
+
+class DDTreeWorker(DFlashWorkerV2):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        spec = get_spec()
+        self.ddtree_budget = int(spec.speculative_ddtree_budget)
+        self.ddtree_topk_cap = int(spec.speculative_ddtree_topk_cap)
+        self.ddtree_depth = int(self.block_size) - 1
+        # --speculative-ddtree-topk (resolved by ddtree_hook.handle_ddtree): fused | torch.
+        self.ddtree_fused_topk = (spec.speculative_ddtree_topk or "fused") == "fused"
+        self.speculative_num_draft_tokens = self.ddtree_budget + 1
+        ddtree_decode.check_supported(self, spec)
+        logger.info(
+            "DDTREE: budget=%d topk_cap=%d depth=%d verify width=%d top-k=%s state forking=%s",
+            self.ddtree_budget,
+            self.ddtree_topk_cap,
+            self.ddtree_depth,
+            self.ddtree_budget + 1,
+            "fused" if self.ddtree_fused_topk else "torch",
+            spec.speculative_ddtree_state_forking or "on",
+        )
+
+    def build_verify_input(
+        self,
+        *,
+        draft_hidden: torch.Tensor,
+        lm_head,
+        root_tokens: torch.Tensor,
+        seq_lens: torch.Tensor,
+        full_mask: bool,
+        capture_hidden_mode,
+        tp_group=None,
+        draft_probs: Optional[torch.Tensor] = None,
+        seq_lens_sum: Optional[int] = None,
+    ) -> DDTreeVerifyInput:
+        """``draft_hidden`` [bs, D, H]: the drafter's hidden states at block positions 1..D."""
+        bs, depth, hidden = draft_hidden.shape
+        logprobs, ids = depth_topk_logprobs(
+            draft_hidden.reshape(bs * depth, hidden), lm_head, self.ddtree_topk_cap, tp_group,
+            fused=self.ddtree_fused_topk,
+        )
+        layout = build_ddtree(
+            logprobs.view(bs, depth, -1),
+            ids.view(bs, depth, -1),
+            self.ddtree_budget,
+            root_tokens=root_tokens,
+            root_positions=seq_lens,
+        )
+        return DDTreeVerifyInput.from_layout(
+            layout,
+            seq_lens=seq_lens,
+            tree_depth=depth,
+            topk_cap=self.ddtree_topk_cap,
+            full_mask=full_mask,
+            capture_hidden_mode=capture_hidden_mode,
+            draft_probs=draft_probs,
+            seq_lens_sum=seq_lens_sum,
+        )
+
+    def forward_batch_generation(self, batch, *args, **kwargs):
+        if (
+            batch.forward_mode.is_extend()
+            or batch.forward_mode.is_idle()
+            or getattr(batch, "is_extend_in_batch", False)
+        ):
+            return super().forward_batch_generation(batch, *args, **kwargs)
+        return ddtree_decode.forward_decode(self, batch, *args, **kwargs)
