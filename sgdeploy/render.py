@@ -113,8 +113,12 @@ def launch_args(config: Config, host: HostSettings) -> list[str]:
                  "--speculative-draft-model-path", model_source(config.drafter, "drafter")["local_dir"],
                  "--speculative-dflash-block-size", str(sp.block_size)]
     if sp.algorithm == "DDTREE":
+        # The patched SGLang's switches, always written out so the unit says what runs (both default
+        # to on/fused in SGLang; one release serves every DDTree config).
         args += ["--speculative-ddtree-budget", str(sp.budget),
-                 "--speculative-ddtree-topk-cap", str(sp.topk_cap)]
+                 "--speculative-ddtree-topk-cap", str(sp.topk_cap),
+                 "--speculative-ddtree-state-forking", "on" if sp.state_forking else "off",
+                 "--speculative-ddtree-topk", "fused" if sp.fused_topk else "torch"]
     args += list(sv.extra_args)
     return args
 

@@ -129,8 +129,15 @@ class Config:
         return self.speculative.algorithm != "NONE"
 
     @property
+    def needs_patched_series(self) -> bool:
+        """True when the config uses a patched feature: it runs the one patched build (the whole
+        series; the features are server flags), else the pristine wheel (label `stock`)."""
+        return bool(self.patch_features)
+
+    @property
     def patch_features(self) -> tuple[str, ...]:
-        """The patch features this config needs, in series order (see docs/design.md)."""
+        """The patched features this config uses, in series order (see docs/design.md). Any of them
+        means the patched series; which are on is said by the flags render.launch_args writes."""
         s = self.speculative
         wanted = set()
         if s.algorithm == "DDTREE":
@@ -222,6 +229,7 @@ MANAGED_FLAGS = (
     "--model-path", "--host", "--port", "--tp-size", "--nccl-port", "--attention-backend",
     "--mem-fraction-static", "--speculative-algorithm", "--speculative-draft-model-path",
     "--speculative-dflash-block-size", "--speculative-ddtree-budget", "--speculative-ddtree-topk-cap",
+    "--speculative-ddtree-state-forking", "--speculative-ddtree-topk",
     "--max-running-requests", "--revision",
 )
 

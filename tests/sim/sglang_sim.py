@@ -94,6 +94,15 @@ class SpecConfig:
                 and self.budget > self.block_size - 1)
 
 
+def ddtree_switches(args: argparse.Namespace, features: set[str]) -> tuple[bool, bool]:
+    """(state forking on, fused top-k on): the release must carry the feature and the server flag
+    (`--speculative-ddtree-state-forking`, `--speculative-ddtree-topk`, on/fused by default as in
+    the patched SGLang) must not switch it off."""
+    fork = "fork" in features and (getattr(args, "speculative_ddtree_state_forking", None) or "on") == "on"
+    fused = "topk" in features and (getattr(args, "speculative_ddtree_topk", None) or "fused") == "fused"
+    return fork, fused
+
+
 def mean_accept(cfg: SpecConfig) -> float:
     """Mean accepted tokens per verify step (bonus token included)."""
     if cfg.algorithm == "NONE":
@@ -163,6 +172,8 @@ def release_features() -> tuple[str | None, set[str]]:
         log("WARNING: no sglang distribution installed in this environment; simulating a stock release")
         return None, set()
     local = version.split("+", 1)[1] if "+" in version else "stock"
+    if re.fullmatch(r"[0-9a-fx][0-9a-f]{11}", local):  # the series hash: one build carries every feature
+        return version, set(KNOWN_FEATURES)
     segments = [s for s in local.split(".") if s]
     features = {s for s in segments if s in KNOWN_FEATURES}
     unknown = [s for s in segments if s not in KNOWN_FEATURES and s != "stock"
@@ -241,6 +252,8 @@ def build_parser(has_ddtree: bool) -> Parser:
     if has_ddtree:
         p.add_argument("--speculative-ddtree-budget", type=int, default=None)
         p.add_argument("--speculative-ddtree-topk-cap", type=int, default=None)
+        p.add_argument("--speculative-ddtree-state-forking", choices=("on", "off"), default=None)
+        p.add_argument("--speculative-ddtree-topk", choices=("fused", "torch"), default=None)
     p.add_argument("--attention-backend")
     p.add_argument("--mem-fraction-static", type=float)
     p.add_argument("--context-length", type=int)
@@ -283,6 +296,8 @@ def parse_args(argv: list[str], version: str | None, features: set[str]) -> argp
     if not has_ddtree:
         args.speculative_ddtree_budget = None
         args.speculative_ddtree_topk_cap = None
+        args.speculative_ddtree_state_forking = None
+        args.speculative_ddtree_topk = None
     _check_range(parser, "--speculative-ddtree-budget", args.speculative_ddtree_budget, 1, 4096)
     _check_range(parser, "--speculative-ddtree-topk-cap", args.speculative_ddtree_topk_cap, 1, 256)
     if algo != "NONE" and not args.speculative_draft_model_path:
@@ -944,12 +959,13 @@ def main(argv: list[str] | None = None) -> int:
         log(f"ERROR: {exc}")
         return 1
 
+    fork, fused_topk = ddtree_switches(args, features)
     cfg = SpecConfig(
         algorithm=args.speculative_algorithm,
         block_size=args.speculative_dflash_block_size or 16,
         budget=args.speculative_ddtree_budget or 15,
         topk_cap=args.speculative_ddtree_topk_cap or DEFAULT_TOPK_CAP,
-        hybrid=hybrid, fork="fork" in features, fused_topk="topk" in features)
+        hybrid=hybrid, fork=fork, fused_topk=fused_topk)
     accept = mean_accept(cfg)
     if accept_override is not None:
         accept = min(accept_override, float(cfg.cap))

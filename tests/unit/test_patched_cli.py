@@ -1,10 +1,12 @@
 """The patched wheel's command line, parsed by SGLang itself on the CPU.
 
 A CPU virtualenv (build/cpu-venv: torch 2.13 CPU and the light dependencies that
-`sglang.srt.server_args` imports) is made when missing. The patched wheel (features ddtree plus
-fork and topk when the series has them) and the stock wheel are each installed with `--no-deps`
-into their own `--target` directory, and `prepare_server_args` parses a full DDTree command line:
-the patched wheel returns the budget and top-k cap, the stock wheel rejects the flags, and a cap
+`sglang.srt.server_args` imports) is made when missing. The patched wheel (the whole series) and the
+stock wheel are each installed with `--no-deps` into their own `--target` directory, and
+`prepare_server_args` parses a full DDTree command line: the patched wheel returns the budget and
+top-k cap and resolves the switches `--speculative-ddtree-state-forking` (on) and
+`--speculative-ddtree-topk` (fused) to their defaults or the values given, rejects a value outside
+their choices, and leaves them unset for DFLASH; the stock wheel rejects the DDTree flags, and a cap
 larger than the budget is refused with a message.
 
 Slow (minutes when the venv must be made; about 30 s when it exists): `pytest -m slow`.
@@ -70,7 +72,8 @@ except Exception as exc:
 else:
     print(json.dumps({k: getattr(a, k, None) for k in (
         "speculative_algorithm", "speculative_ddtree_budget", "speculative_ddtree_topk_cap",
-        "speculative_num_draft_tokens", "speculative_dflash_block_size")}))
+        "speculative_num_draft_tokens", "speculative_dflash_block_size",
+        "speculative_ddtree_state_forking", "speculative_ddtree_topk")}))
 """
 
 
@@ -96,13 +99,18 @@ def models(tmp_path_factory) -> Path:
     return root
 
 
-def ddtree_line(models: Path, budget: int, cap: int) -> list[str]:
+def ddtree_line(models: Path, budget: int, cap: int, *switches: str) -> list[str]:
+    return [*dflash_line(models, "DDTREE"),
+        "--speculative-ddtree-budget", str(budget), "--speculative-ddtree-topk-cap", str(cap), *switches,
+    ]  # fmt: skip
+
+
+def dflash_line(models: Path, algorithm: str = "DFLASH") -> list[str]:
     return [
         "--model-path", str(models / "target"), "--host", "127.0.0.1", "--port", "30000",
         "--tp-size", "1", "--device", "cuda", "--attention-backend", "triton", "--page-size", "1",
-        "--speculative-algorithm", "DDTREE", "--speculative-draft-model-path", str(models / "draft"),
+        "--speculative-algorithm", algorithm, "--speculative-draft-model-path", str(models / "draft"),
         "--speculative-dflash-block-size", "16",
-        "--speculative-ddtree-budget", str(budget), "--speculative-ddtree-topk-cap", str(cap),
     ]  # fmt: skip
 
 
@@ -184,6 +192,36 @@ def test_patched_wheel_parses_a_ddtree_command_line(cpu_python, site_dirs, model
     # Verify width is budget + 1 while the drafter keeps its block size.
     assert got["speculative_num_draft_tokens"] == 16
     assert got["speculative_dflash_block_size"] == 16
+    # The switches default to what every patched build does unless told otherwise.
+    assert got["speculative_ddtree_state_forking"] == "on"
+    assert got["speculative_ddtree_topk"] == "fused"
+
+
+def test_patched_wheel_takes_the_switches_off(cpu_python, site_dirs, models):
+    built, site = site_dirs["patched"]
+    line = ddtree_line(models, 15, 8, "--speculative-ddtree-state-forking", "off", "--speculative-ddtree-topk", "torch")
+    got, err = parse(cpu_python, site, line)
+    assert "rejected" not in got, f"{got} {err[-2000:]}"
+    assert got["speculative_ddtree_state_forking"] == "off" and got["speculative_ddtree_topk"] == "torch"
+    assert got["speculative_ddtree_budget"] == 15
+
+
+@pytest.mark.parametrize("flag, value", [("--speculative-ddtree-state-forking", "maybe"),
+                                         ("--speculative-ddtree-topk", "cuda")])
+def test_patched_wheel_rejects_a_switch_value_outside_its_choices(cpu_python, site_dirs, models, flag, value):
+    built, site = site_dirs["patched"]
+    got, err = parse(cpu_python, site, ddtree_line(models, 15, 8, flag, value))
+    assert got == {"rejected": "exit", "code": 2}, f"{got} {err[-2000:]}"
+    assert flag in err and repr(value) in err, err[-2000:]
+
+
+def test_dflash_leaves_the_ddtree_switches_unset(cpu_python, site_dirs, models):
+    """The upstream files test these switches before entering DDTree code: None for DFLASH."""
+    built, site = site_dirs["patched"]
+    got, err = parse(cpu_python, site, dflash_line(models))
+    assert "rejected" not in got, f"{got} {err[-2000:]}"
+    assert got["speculative_algorithm"] == "DFLASH" and got["speculative_num_draft_tokens"] == 16
+    assert got["speculative_ddtree_state_forking"] is None and got["speculative_ddtree_topk"] is None
 
 
 def test_stock_wheel_rejects_the_same_line(cpu_python, site_dirs, models):

@@ -67,10 +67,11 @@ def test_missing_series_is_an_error(tmp_path):
         patchset.load(tmp_path / "nowhere")
 
 
-def test_select_keeps_series_order(tmp_path):
+def test_select_is_the_whole_series_or_nothing(tmp_path):
     d = make_series(tmp_path, SERIES, THREE)
-    chosen = patchset.select(["topk", "ddtree"], d)
-    assert [p.name for p in chosen] == ["0001-ddtree.patch", "0003-topk.patch"]
+    everything = ["0001-ddtree.patch", "0002-fork.patch", "0003-topk.patch"]
+    assert [p.name for p in patchset.select(["topk", "ddtree"], d)] == everything
+    assert [p.name for p in patchset.select(["ddtree"], d)] == everything
     assert patchset.select([], d) == []
 
 
@@ -88,38 +89,57 @@ def test_select_rejects_unknown_feature(tmp_path):
         patchset.select(["speed"], d)
 
 
-def test_by_names_checks_membership(tmp_path):
-    d = make_series(tmp_path, SERIES, THREE)
-    s = patchset.load(d)
-    assert [p.name for p in s.by_names(["0003-topk.patch", "0001-ddtree.patch"])] == [
-        "0001-ddtree.patch",
-        "0003-topk.patch",
-    ]
-    with pytest.raises(PatchSetError, match=r"patch '0009-x.patch' is not in .*series \(allowed: 0001"):
-        s.by_names(["0009-x.patch"])
+def expected_label(d: Path) -> str:
+    """The rule of docs/build.md, written out: sha256 over framed series, diffs, src files."""
+    h = hashlib.sha256()
+    for kind, name, data in [("series", "series", (d / "series").read_bytes())] + [
+        ("diff", n, (d / n).read_bytes()) for n in ("0001-ddtree.patch", "0002-fork.patch", "0003-topk.patch")
+    ] + [("src", p.relative_to(d / "src").as_posix(), p.read_bytes()) for p in sorted((d / "src").rglob("*.py"))]:
+        h.update(f"{kind} {name} {len(data)}\n".encode() + data)
+    return h.hexdigest()[:12]
 
 
-def test_label_format_and_hash(tmp_path):
+def test_label_is_the_series_hash(tmp_path):
     d = make_series(tmp_path, SERIES, THREE)
-    chosen = patchset.select(["ddtree", "fork", "topk"], d)
-    label = patchset.release_label(chosen)
-    expected = hashlib.sha256(b"ddtree bytes\nfork bytes\ntopk bytes\n").hexdigest()[:8]
-    assert label == f"ddtree.fork.topk.{expected}"
-    assert re.fullmatch(r"[a-z.]+\.[0-9a-f]{8}", label)
-    assert patchset.release_label(patchset.select(["ddtree"], d)).startswith("ddtree.")
+    (d / "src" / "sglang").mkdir(parents=True)
+    (d / "src" / "sglang" / "new.py").write_text("X = 1\n")
+    label = patchset.release_label(patchset.select(["ddtree", "fork", "topk"], d))
+    assert label == expected_label(d) and re.fullmatch(r"[0-9a-f]{12}", label)
+    # Every config that uses a patched feature gets the same label: one build.
+    assert patchset.release_label(patchset.select(["ddtree"], d)) == label
     assert patchset.release_label([]) == "stock"
 
 
-def test_label_is_stable_and_changes_with_one_byte(tmp_path):
+@pytest.mark.parametrize("change", ["diff", "src", "src-rename", "series"])
+def test_label_changes_with_one_byte_of_any_input(tmp_path, change):
     d = make_series(tmp_path, SERIES, THREE)
-    first = patchset.release_label(patchset.select(["ddtree", "fork"], d))
-    assert patchset.release_label(patchset.select(["fork", "ddtree"], d)) == first
-    (d / "0002-fork.patch").write_bytes(b"fork bytes!\n")
-    changed = patchset.release_label(patchset.select(["ddtree", "fork"], d))
-    assert changed != first and changed.startswith("ddtree.fork.")
-    # A patch the set does not select does not move the label.
-    (d / "0003-topk.patch").write_bytes(b"other\n")
-    assert patchset.release_label(patchset.select(["ddtree", "fork"], d)) == changed
+    (d / "src" / "sglang").mkdir(parents=True)
+    (d / "src" / "sglang" / "new.py").write_text("X = 1\n")
+    first = patchset.release_label(patchset.select(["ddtree"], d))
+    assert patchset.release_label(patchset.select(["ddtree"], d)) == first  # stable
+    if change == "diff":
+        (d / "0003-topk.patch").write_bytes(b"topk bytes!\n")
+    elif change == "src":
+        (d / "src" / "sglang" / "new.py").write_text("X = 2\n")
+    elif change == "src-rename":
+        (d / "src" / "sglang" / "new.py").rename(d / "src" / "sglang" / "other.py")
+    else:
+        (d / "series").write_text(SERIES + "# a comment\n")
+    assert patchset.release_label(patchset.select(["ddtree"], d)) != first
+
+
+def test_all_decimal_hash_gets_a_letter(tmp_path, monkeypatch):
+    d = make_series(tmp_path, SERIES, THREE)
+
+    class Digits:
+        def update(self, _data):
+            pass
+
+        def hexdigest(self):
+            return "0123456789" * 7
+
+    monkeypatch.setattr(patchset.hashlib, "sha256", Digits)
+    assert patchset.release_label(patchset.select(["ddtree"], d)) == "x12345678901"
 
 
 def test_real_series_parses():

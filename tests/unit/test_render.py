@@ -13,7 +13,7 @@ import pytest
 from sgdeploy import render, spec
 
 REPO = Path(__file__).resolve().parents[2]
-LABEL = "ddtree.fork.topk.0123abcd"
+LABEL = "0123456789ab"
 PY = f"/opt/sglang/releases/{LABEL}/venv/bin/python"
 MODELS = "/var/lib/sglang/models"
 # The unit loads local folders placed by the models role (docs/models.md): no --revision.
@@ -25,9 +25,10 @@ DRAFT = ["--speculative-draft-model-path", f"{MODELS}/z-lab--Qwen3.6-27B-DFlash/
          "--speculative-dflash-block-size", "16"]
 
 
-def ddtree(budget: int) -> list[str]:
+def ddtree(budget: int, forking: str = "on", topk: str = "fused") -> list[str]:
     return (["--speculative-algorithm", "DDTREE"] + DRAFT +
-            ["--speculative-ddtree-budget", str(budget), "--speculative-ddtree-topk-cap", "8"])
+            ["--speculative-ddtree-budget", str(budget), "--speculative-ddtree-topk-cap", "8",
+             "--speculative-ddtree-state-forking", forking, "--speculative-ddtree-topk", topk])
 
 
 EXPECTED = {
@@ -37,8 +38,8 @@ EXPECTED = {
     "ddtree-b15": COMMON + ddtree(15),
     "ddtree-b32": COMMON + ddtree(32),
     "ddtree-b64": COMMON + ddtree(64),
-    "ddtree-b15-nofork": COMMON + ddtree(15),
-    "ddtree-b64-nofork": COMMON + ddtree(64),
+    "ddtree-b15-nofork": COMMON + ddtree(15, "off", "torch"),
+    "ddtree-b64-nofork": COMMON + ddtree(64, "off", "torch"),
     "base-kimi-k2.6": ["--model-path", f"{MODELS}/moonshotai--Kimi-K2.6/main", "--tp-size", "8", "--host", "127.0.0.1",
                        "--port", "30000", "--nccl-port", "30001", "--attention-backend", "flashinfer",
                        "--mem-fraction-static", "0.88", "--enable-metrics",
@@ -48,7 +49,8 @@ EXPECTED["kimi-k2.6-ddtree-b64-tp8"] = (
     EXPECTED["base-kimi-k2.6"][:-1]
     + ["--speculative-algorithm", "DDTREE", "--speculative-draft-model-path", f"{MODELS}/z-lab--Kimi-K2.6-DFlash/main",
        "--speculative-dflash-block-size", "16", "--speculative-ddtree-budget", "64",
-       "--speculative-ddtree-topk-cap", "8", "--trust-remote-code"])
+       "--speculative-ddtree-topk-cap", "8", "--speculative-ddtree-state-forking", "off",
+       "--speculative-ddtree-topk", "fused", "--trust-remote-code"])
 
 
 def render_cli(name: str, out: Path, *extra: str) -> subprocess.CompletedProcess:
@@ -125,6 +127,25 @@ def test_lab_host_settings_change_only_launcher_and_bind(tmp_path):
     assert b[0] == a[0]
     assert b[1] == "/opt/sglang-sim/sglang_sim.py" and a[1:3] == ["-m", "sglang.launch_server"]
     assert b[2:] == [("127.0.1.2" if x == "127.0.0.1" else x) for x in a[3:]]
+
+
+def test_forking_and_topk_switch_by_flags_in_one_release(tmp_path):
+    """ddtree-b15 and ddtree-b15-nofork run the same release; only their flags differ."""
+    on = json.loads(render_cli("ddtree-b15", tmp_path / "on").stdout)["argv"]
+    off = json.loads(render_cli("ddtree-b15-nofork", tmp_path / "off").stdout)["argv"]
+    assert on[0] == off[0] == PY
+    changed = [(a, b) for a, b in zip(on, off, strict=True) if a != b]
+    assert changed == [("on", "off"), ("fused", "torch")]
+    assert on[on.index("--speculative-ddtree-state-forking") + 1] == "on"
+    assert off[off.index("--speculative-ddtree-topk") + 1] == "torch"
+
+
+def test_flags_the_config_sets_are_refused_in_extra_args(tmp_path):
+    cfg = tmp_path / "extra.yml"
+    cfg.write_text("extends: ddtree-b15\nserving: {extra_args: ['--speculative-ddtree-state-forking', 'off']}\n")
+    r = subprocess.run([sys.executable, "-m", "sgdeploy", "validate", str(cfg)], capture_output=True, text=True,
+                       cwd=REPO, check=False)
+    assert r.returncode == 2 and "--speculative-ddtree-state-forking is set from the config" in r.stderr, r.stderr
 
 
 def test_rendering_is_a_pure_function():

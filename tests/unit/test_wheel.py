@@ -1,8 +1,9 @@
 """The patched wheel build, against the real pristine SGLang 0.5.23 wheel.
 
 The pristine wheel lands in build/downloads once per session (copied from /tmp/whl when a copy is
-there, else downloaded and checked against patches/sglang/upstream.yml). The patches here are small
-synthetic ones written against files of that wheel; the real series is checked to apply in order.
+there, else downloaded and checked against patches/sglang/upstream.yml). The series here is a small
+synthetic one written against files of that wheel (two diffs and a src/ file); the real series is
+checked to apply in order, to keep its diffs small and to add its new files from src/.
 """
 
 from __future__ import annotations
@@ -62,13 +63,15 @@ def udiff(path: str, old: str, new: str) -> bytes:
 
 
 def write_synthetic(d: Path, readme: str) -> Path:
-    """0001 (ddtree) adds a README line; 0002 (fork) edits that line (so order matters) and adds a file."""
+    """0001 (ddtree) adds a README line; 0002 (fork) edits that line (so order matters); src/ adds a file."""
     d.mkdir(parents=True, exist_ok=True)
     lines = readme.splitlines(True)
     one = "".join([lines[0], "DDTREE PATCHED\n", *lines[1:]])
     two = one.replace("DDTREE PATCHED\n", "DDTREE PATCHED + FORK\n")
-    (d / "0001-ddtree.patch").write_bytes(udiff(README, readme, one))
-    (d / "0002-fork.patch").write_bytes(udiff(README, one, two) + udiff(PROBE, "", "FORK = True\n"))
+    (d / "0001-ddtree.patch").write_bytes(b"Header: what, why.\n\n" + udiff(README, readme, one))
+    (d / "0002-fork.patch").write_bytes(udiff(README, one, two))
+    (d / "src" / PROBE).parent.mkdir(parents=True)
+    (d / "src" / PROBE).write_text("FORK = True\n")
     (d / "series").write_text("# synthetic\n0001-ddtree.patch ddtree\n0002-fork.patch fork\n")
     return d
 
@@ -193,6 +196,32 @@ def test_patch_that_does_not_apply_fails_with_name_and_file(synthetic, tmp_path,
     assert not out.exists() or not any(out.iterdir())
 
 
+def test_src_file_over_an_upstream_file_fails_naming_it(synthetic, tmp_path):
+    bad = tmp_path / "patches"
+    shutil.copytree(synthetic, bad)
+    (bad / "src" / README).write_text("mine\n")
+    out = tmp_path / "wheels"
+    proc = cli("--features", "ddtree", "--patches-dir", str(bad), "--out", str(out))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    err = proc.stderr.strip().splitlines()
+    assert len(err) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert f"src/{README} would overwrite upstream file {README}" in err[0], err[0]
+    assert not out.exists() or not any(out.iterdir())
+
+
+def test_diff_that_adds_a_file_fails_naming_patch_and_file(synthetic, tmp_path):
+    bad = tmp_path / "patches"
+    shutil.copytree(synthetic, bad)
+    new = "sglang/srt/sgdeploy_new.py"
+    with open(bad / "0002-fork.patch", "ab") as fh:
+        fh.write(udiff(new, "", "X = 1\n"))
+    proc = cli("--features", "ddtree", "--patches-dir", str(bad), "--out", str(tmp_path / "wheels"))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    err = proc.stderr.strip().splitlines()
+    assert len(err) == 1 and "patch 0002-fork.patch (fork) edits " + new in err[0], err[0]
+    assert "src" in err[0]
+
+
 def test_hash_mismatch_names_expected_and_actual(downloads, tmp_path):
     index = tmp_path / "simple" / "sglang"
     index.mkdir(parents=True)
@@ -243,8 +272,33 @@ def test_real_series_applies_in_order_to_the_pristine_wheel(downloads):
     if not series.patches:
         pytest.skip("patches/sglang/series lists no patches yet")
     applied = []
+    src = patchset.src_files(series.src_dir)
     with tempfile.TemporaryDirectory() as tmp, zipfile.ZipFile(downloads / PIN.file) as zf:
-        entries = wheel.patch_tree(zf, list(series.patches), Path(tmp), log=applied.append)
-        changed = sorted(n for n, e in entries.items() if e.path is not None)
-    assert applied == [f"applied {p.name} ({p.feature})" for p in series.patches]
+        upstream = set(zf.namelist())
+        entries = wheel.patch_tree(zf, list(series.patches), Path(tmp), log=applied.append, src=src)
+        changed = sorted(n for n, e in entries.items() if e.path is not None and n in upstream)
+    assert applied[:-1] == [f"applied {p.name} ({p.feature})" for p in series.patches]
     assert changed, "the series changes no file"
+    # Every new file comes from src/ at its package path, and none of them replaces an upstream file.
+    assert "sglang/srt/speculative/ddtree_tree.py" in {n for n, _ in src}
+    assert all(entries[n].path == path for n, path in src) and not {n for n, _ in src} & upstream
+
+
+def test_real_diffs_are_small_with_headers_and_edit_only_upstream_files(downloads):
+    series = patchset.load()
+    with zipfile.ZipFile(downloads / PIN.file) as zf:
+        upstream = set(zf.namelist())
+    added = 0
+    for p in series.patches:
+        text = p.path.read_text()
+        head = text[: text.index("diff --git ")]
+        assert "What" in head and "Why" in head and "What holds" in head, f"{p.name}: header lacks what/why/holds"
+        assert "new file mode" not in text and "--- /dev/null" not in text, f"{p.name} creates a file"
+        assert wheel.touched_paths([p]) <= upstream, p.name
+        added += sum(1 for ln in text.splitlines() if ln.startswith("+") and not ln.startswith("+++"))
+    assert 0 < added <= 600, f"the diffs add {added} lines (at most 600)"
+    # Every src file starts with a docstring that says it is a new file of the series.
+    for rel, path in patchset.src_files(series.src_dir):
+        if rel.endswith(".py"):
+            head = path.read_text().split('"""')[1] if path.read_text().startswith('"""') else ""
+            assert "New file of the sgdeploy patch series" in " ".join(head.split()), rel

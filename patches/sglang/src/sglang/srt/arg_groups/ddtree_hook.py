@@ -17,7 +17,9 @@ files test before they enter any DDTree code.
 
 Why a new file: the checks are new logic; keeping them here leaves
 ``speculative_hook.py`` unpatched (the series edits upstream files only where it
-must). New file of the sgdeploy patch series, not in SGLang 0.5.23.
+must).
+
+New file of the sgdeploy patch series (feature ``ddtree``), not in SGLang 0.5.23.
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ Why: without forking, sibling nodes share one running state (the flat-chain veri
 path); on Qwen3.6-27B that collapsed DDTree acceptance from about 15 to about 4
 tokens per step at budgets 32 and 64.
 
-Upstream: not in SGLang 0.5.23; new file of the sgdeploy patch series (feature
+Upstream: not in SGLang 0.5.23. New file of the sgdeploy patch series (feature
 ``fork``), laid over the pristine wheel at this path by the build. Only torch is
 imported at module level, so the pieces can be tested without the server.
 """
