@@ -140,3 +140,14 @@ test: lint test-unit test-lab ## Everything CI runs: lint, unit tests, lab tests
 
 clean: ## Remove build/ and reports/ (keeps the lab's cached root filesystem)
 	rm -rf build/render build/wheels reports
+
+# ---- SGLang patch series (docs/build.md, "Changing the series") ----
+.PHONY: patch-work patch-diff
+PATCH ?=
+
+patch-work: $(STAMP) ## Unpack pristine SGLang + patches/sglang/src + the series (up to PATCH=) into build/patchwork/tree
+	@$(PY) -m sgdeploy.patchwork work $(if $(PATCH),--patch $(PATCH),)
+
+patch-diff: $(STAMP) ## Write build/patchwork/tree's edits back into PATCH=0002-... (its header kept)
+	@if [ -z "$(PATCH)" ]; then echo "PATCH is required, e.g. make patch-diff PATCH=0002-ddtree-recurrent-state-forking" >&2; exit 2; fi
+	@$(PY) -m sgdeploy.patchwork diff --patch $(PATCH)

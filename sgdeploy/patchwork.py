@@ -7,7 +7,7 @@
 over it and applies the series up to and including NAME (default: all of it), the way the build
 does. Edit upstream files there. `diff` compares every upstream file of the tree with the same file
 after the patches before NAME and rewrites NAME as those differences, keeping the patch's header
-(everything before its first `diff --git` line). The tree must have been made for NAME (recorded in
+(everything before its first file header). The tree must have been made for NAME (recorded in
 `build/patchwork/PATCH`), so edits of later patches never leak into an earlier one. New files go in
 `patches/sglang/src/`, not in a diff: `diff` refuses a new file in the tree, naming it.
 
@@ -89,10 +89,13 @@ def work(
 
 
 def _header(patch: Patch) -> str:
-    text = patch.read_bytes().decode("utf-8")
-    at = text.find("diff --git ")
-    head = text if at < 0 else text[:at]
-    return head if head.endswith("\n") or not head else head + "\n"
+    """The patch's text before its first file header (`diff --git`, or `---` followed by `+++`)."""
+    lines = patch.read_bytes().decode("utf-8").splitlines(keepends=True)
+    for i, line in enumerate(lines):
+        nxt = lines[i + 1] if i + 1 < len(lines) else ""
+        if line.startswith("diff --git ") or (line.startswith("--- ") and nxt.startswith("+++ ")):
+            return "".join(lines[:i])
+    return "".join(lines)
 
 
 def _udiff(name: str, old: bytes, new: bytes) -> str:

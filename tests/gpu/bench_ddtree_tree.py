@@ -4,7 +4,7 @@ D = 15 depths (DFlash block size 16), K = min(8, budget). CUDA events around man
 iterations, eager (two launches + output allocation) and replayed from a CUDA graph.
 Target: under 50 us at batch 1, budget 64.
 
-    SGLANG_WHEEL_ROOT=build/patchwork-ddtree/gpu python tests/gpu/bench_ddtree_tree.py
+    python tests/gpu/bench_ddtree_tree.py      # the module from patches/sglang/src (sglang_loader.ROOTS)
 """
 
 from __future__ import annotations
@@ -18,9 +18,8 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sglang_loader import load_module  # noqa: E402
+from sglang_loader import ROOTS, load_module  # noqa: E402
 
-WHEEL_ROOT = os.environ.get("SGLANG_WHEEL_ROOT", str(ROOT / "build" / "patchwork-ddtree" / "gpu"))
 ITERS = int(os.environ.get("DDTREE_BENCH_ITERS", "2000"))
 
 
@@ -38,7 +37,7 @@ def _time(fn, iters: int) -> float:
 
 
 def main() -> dict:
-    mod = load_module(WHEEL_ROOT, "sglang.srt.speculative.ddtree_tree")
+    mod = load_module(ROOTS, "sglang.srt.speculative.ddtree_tree")
     rows = []
     depth = 15
     for bs in (1, 64):

@@ -1,5 +1,6 @@
-"""The float64 reference and the acceptance rule of the fused per-depth top-k kernel (patch 0003),
-and the loader that imports the kernel file straight out of the patch. Needs torch only (no
+"""The float64 reference and the acceptance rule of the fused per-depth top-k kernel (feature topk),
+and the loader that imports the kernel file from where it lives (patches/sglang/src/, or
+$FUSED_TOPK_FILE). Needs torch only (no
 pytest): tests/gpu/test_fused_topk.py (GPU), tests/gpu/bench_fused_topk.py and the CPU child of
 tests/unit/test_fused_topk_cpu.py (Triton's interpreter) share it."""
 
@@ -8,39 +9,20 @@ from __future__ import annotations
 import importlib.util
 import os
 import pathlib
-import tempfile
 
 import torch
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
-PATCH = REPO / "patches" / "sglang" / "0003-fused-depth-topk.patch"
 REL = "sglang/srt/speculative/fused_depth_topk.py"
+KERNEL_FILE = REPO / "patches" / "sglang" / "src" / REL
 
 # Tolerances (absolute, in nats).
 LP_TOL = 1e-3  # log-probabilities vs float64 (bf16 inputs, fp32 accumulation over H=5120)
 TIE_TOL = 1e-4  # two ids count as tied when their float64 log-probs differ by at most this
 
 
-def extract_new_file(patch: pathlib.Path, rel: str) -> str:
-    """The text of a file that `patch` creates (a `new file` section)."""
-    lines = patch.read_text().splitlines()
-    start = lines.index(f"+++ b/{rel}")
-    assert lines[start - 1] == "--- /dev/null", f"{rel} is not a new file in {patch.name}"
-    out = []
-    for line in lines[start + 2 :]:
-        if line.startswith("diff --git ") or line.startswith("-- "):
-            break
-        assert line.startswith("+"), line
-        out.append(line[1:])
-    return "\n".join(out) + "\n"
-
-
 def load_kernel_module():
-    path = os.environ.get("FUSED_TOPK_FILE")
-    if not path:
-        tmp = pathlib.Path(tempfile.mkdtemp(prefix="fused_topk_")) / "fused_depth_topk.py"
-        tmp.write_text(extract_new_file(PATCH, REL))
-        path = str(tmp)
+    path = os.environ.get("FUSED_TOPK_FILE") or str(KERNEL_FILE)
     spec = importlib.util.spec_from_file_location("fused_depth_topk", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

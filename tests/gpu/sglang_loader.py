@@ -1,4 +1,9 @@
-"""Import single modules of an unpacked SGLang wheel without running package ``__init__``s.
+"""Import single SGLang modules from where they live without running package ``__init__``s.
+
+The series' new modules live in the repository (``patches/sglang/src``, ``SGLANG_SRC_ROOT``); the
+upstream modules they use come from an unpacked wheel (``SGLANG_UPSTREAM_ROOT``, default
+``build/patchwork/tree``, which ``make patch-work`` fills with pristine 0.5.23 + src + the series).
+``ROOTS`` is both, src first: each package's ``__path__`` lists the folders of both that exist.
 
 The lent GPU machine has neither SGLang's pinned torch nor sglang-kernel, so importing
 ``sglang`` (whose ``__init__`` pulls in the whole runtime) fails there. Kernel modules
@@ -6,15 +11,21 @@ only need their parent packages to exist: register empty package objects whose
 ``__path__`` points at the real folders, plus a stub ``sglang.srt.utils.common``
 exposing ``torch_release``, then import the module normally.
 
-    mod = load_module(wheel_root, "sglang.srt.speculative.ddtree_tree")
+    mod = load_module(ROOTS, "sglang.srt.speculative.ddtree_tree")
 """
 
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 import types
 from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+SRC_ROOT = Path(os.environ.get("SGLANG_SRC_ROOT", REPO / "patches" / "sglang" / "src"))
+UPSTREAM_ROOT = Path(os.environ.get("SGLANG_UPSTREAM_ROOT", REPO / "build" / "patchwork" / "tree"))
+ROOTS = (SRC_ROOT, UPSTREAM_ROOT)
 
 
 def _torch_release() -> tuple[int, ...]:
@@ -52,18 +63,21 @@ def _ensure_common_stub() -> None:
     sys.modules["sglang.srt.utils"].common = stub
 
 
-def load_module(wheel_root, dotted: str):
-    """Import ``dotted`` (e.g. ``sglang.srt.speculative.ddtree_tree``) from ``wheel_root``."""
-    root = Path(wheel_root).resolve()
+def load_module(roots, dotted: str):
+    """Import ``dotted`` (e.g. ``sglang.srt.speculative.ddtree_tree``) from ``roots`` (a folder
+    holding ``sglang/``, or several, searched in order)."""
+    roots = [Path(r).resolve() for r in ([roots] if isinstance(roots, (str, os.PathLike)) else roots)]
     parts = dotted.split(".")
     for i in range(1, len(parts)):
         pkg = ".".join(parts[:i])
-        folder = root.joinpath(*parts[:i])
-        if not folder.is_dir():
-            raise FileNotFoundError(f"{folder} (package {pkg}) not found under {root}")
-        _ensure_package(pkg, folder)
-    if (root / "sglang" / "srt" / "utils").is_dir():
-        _ensure_package("sglang.srt", root / "sglang" / "srt")
-        _ensure_package("sglang.srt.utils", root / "sglang" / "srt" / "utils")
-        _ensure_common_stub()
+        folders = [r.joinpath(*parts[:i]) for r in roots if r.joinpath(*parts[:i]).is_dir()]
+        if not folders:
+            raise FileNotFoundError(f"package {pkg} not found under {', '.join(map(str, roots))}")
+        for folder in folders:
+            _ensure_package(pkg, folder)
+    for r in roots:
+        if (r / "sglang" / "srt" / "utils").is_dir():
+            _ensure_package("sglang.srt", r / "sglang" / "srt")
+            _ensure_package("sglang.srt.utils", r / "sglang" / "srt" / "utils")
+            _ensure_common_stub()
     return importlib.import_module(dotted)

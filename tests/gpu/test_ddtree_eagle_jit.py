@@ -22,10 +22,10 @@ patched ``build_ddtree``:
   (chi-square, z = 5), and the same test rejecting the kernel run with a non-lossless
   ``threshold_acc = 0.5``.
 
-Inputs (environment): ``SGLANG_WHEEL_ROOT`` (patched ``ddtree_*``; default
-``build/patchwork-ddtree/gpu``), ``SGLANG_PRISTINE_ROOT`` (folder holding the pristine
-wheel's ``sglang/``; default ``build/eagle-jit/carry/pristine`` if present, else
-``build/patchwork-ddtree/pristine``), ``SGLANG_JIT_CACHE_DIR`` (default: a fresh temporary
+Inputs (environment): the ``ddtree_*`` modules from the repository (``patches/sglang/src``,
+``sglang_loader.ROOTS``), ``SGLANG_PRISTINE_ROOT`` (folder holding the wheel's ``sglang/``;
+default ``build/eagle-jit/carry/pristine`` if present, else ``sglang_loader.UPSTREAM_ROOT``,
+``build/patchwork/tree``), ``SGLANG_JIT_CACHE_DIR`` (default: a fresh temporary
 folder). Needs apache-tvm-ffi, msgspec, nvcc and ninja; sampling also needs flashinfer's
 headers (the installed package, else the stand-in ``build/eagle-jit/carry/flashinfer``) and
 curand's (the toolkit's, else ``build/eagle-jit/carry/curand`` if present, via CPATH).
@@ -69,13 +69,10 @@ pytest.importorskip("tvm_ffi", reason="apache-tvm-ffi (the JIT loader) is not in
 pytest.importorskip("msgspec", reason="msgspec (sglang's JIT BuildSpec) is not installed")
 
 import test_ddtree_accept as cpu  # noqa: E402
-from sglang_loader import _ensure_package, load_module  # noqa: E402
+from sglang_loader import ROOTS, UPSTREAM_ROOT, _ensure_package, load_module  # noqa: E402
 
-ROOT = Path(os.environ.get("SGLANG_WHEEL_ROOT", str(REPO / "build" / "patchwork-ddtree" / "gpu")))
 CARRY = REPO / "build" / "eagle-jit" / "carry"
-_default_pristine = (
-    CARRY / "pristine" if (CARRY / "pristine").is_dir() else REPO / "build" / "patchwork-ddtree" / "pristine"
-)
+_default_pristine = CARRY / "pristine" if (CARRY / "pristine").is_dir() else UPSTREAM_ROOT
 PRISTINE = Path(os.environ.get("SGLANG_PRISTINE_ROOT", str(_default_pristine)))
 DEV = "cuda"
 TREE_TOL = 1e-6  # float32 round-off of a sum of <= 16 sibling probabilities
@@ -144,8 +141,8 @@ def _cuda_version() -> tuple[int, ...]:
 
 @functools.cache
 def ddtree_modules():
-    tree = load_module(ROOT, "sglang.srt.speculative.ddtree_tree")
-    acc = load_module(ROOT, "sglang.srt.speculative.ddtree_accept")
+    tree = load_module(ROOTS, "sglang.srt.speculative.ddtree_tree")
+    acc = load_module(ROOTS, "sglang.srt.speculative.ddtree_accept")
     return tree, acc
 
 

@@ -1,7 +1,7 @@
 """DDTree GPU tree builder and per-depth top-k, checked against references on random inputs.
 
-Runs on the lent H200 against an unpacked patched wheel (``SGLANG_WHEEL_ROOT``, default
-``build/patchwork-ddtree/gpu``). Without a GPU it runs only under ``TRITON_INTERPRET=1``
+Runs on the lent H200; the modules come from the repository (``patches/sglang/src``, see
+``sglang_loader.ROOTS``). Without a GPU it runs only under ``TRITON_INTERPRET=1``
 (CPU interpreter, slow, fewer cases); otherwise it is skipped.
 
     python -m pytest tests/gpu/test_ddtree_tree.py      # or: python tests/gpu/test_ddtree_tree.py
@@ -25,11 +25,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
-from sglang_loader import load_module  # noqa: E402
+from sglang_loader import ROOTS, load_module  # noqa: E402
 
 from sgdeploy import ddtree_ref  # noqa: E402
 
-WHEEL_ROOT = os.environ.get("SGLANG_WHEEL_ROOT", str(ROOT / "build" / "patchwork-ddtree" / "gpu"))
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 DEVICE = "cuda" if torch.cuda.is_available() and not INTERPRET else "cpu"
 if DEVICE == "cpu" and not INTERPRET:
@@ -41,7 +40,7 @@ CAPS = (1, 2, 3, 4, 8, 16)
 
 
 def _tree_mod():
-    return load_module(WHEEL_ROOT, "sglang.srt.speculative.ddtree_tree")
+    return load_module(ROOTS, "sglang.srt.speculative.ddtree_tree")
 
 
 def random_case(rng: random.Random, bs: int, depth: int, k: int, ties: bool):
@@ -126,7 +125,7 @@ def run_correctness(seed: int = 0, cases: int = 400) -> dict:
 
 def run_topk(seed: int = 0) -> dict:
     """depth_topk_logprobs against a float64 log_softmax + topk reference (tp_group=None)."""
-    mod = load_module(WHEEL_ROOT, "sglang.srt.speculative.ddtree_topk")
+    mod = load_module(ROOTS, "sglang.srt.speculative.ddtree_topk")
     g = torch.Generator(device="cpu").manual_seed(seed)
     dtype = torch.bfloat16 if DEVICE == "cuda" else torch.float32
     results = []

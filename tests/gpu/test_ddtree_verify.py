@@ -8,10 +8,10 @@
   emitted tokens follow the target distribution (chi-square, z = 5 limit, 2 M samples per
   case) while a wrong acceptance rule is rejected by the same test.
 
-Modules: ``ddtree_tree``/``ddtree_accept`` from ``SGLANG_WHEEL_ROOT`` (default
-``build/patchwork-ddtree/gpu``); the Triton greedy kernel from ``spec_tree_pristine.py`` in
-that folder (a copy of the pristine wheel's ``kernels/ops/speculative/spec_tree.py``; only
-the kernel function is extracted, its module imports the SGLang runtime).
+Modules: ``ddtree_tree``/``ddtree_accept`` from the repository (``patches/sglang/src``,
+``sglang_loader.ROOTS``); the Triton greedy kernel from the unpacked wheel's
+``sglang/kernels/ops/speculative/spec_tree.py`` (``sglang_loader.UPSTREAM_ROOT``; only the
+kernel function is taken, its module imports the SGLang runtime).
 
     python tests/gpu/test_ddtree_verify.py      # writes a JSON summary to $OUT if set
 """
@@ -40,20 +40,19 @@ if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU (the CPU part is tests/unit/test_ddtree_accept.py)", allow_module_level=True)
 
 import test_ddtree_accept as cpu  # noqa: E402
-from sglang_loader import load_module  # noqa: E402
+from sglang_loader import ROOTS, UPSTREAM_ROOT, load_module  # noqa: E402
 
-ROOT = Path(os.environ.get("SGLANG_WHEEL_ROOT", str(REPO / "build" / "patchwork-ddtree" / "gpu")))
 DEV = "cuda"
 
 
 def modules():
-    tree = load_module(ROOT, "sglang.srt.speculative.ddtree_tree")
-    acc = load_module(ROOT, "sglang.srt.speculative.ddtree_accept")
+    tree = load_module(ROOTS, "sglang.srt.speculative.ddtree_tree")
+    acc = load_module(ROOTS, "sglang.srt.speculative.ddtree_accept")
     return tree, acc
 
 
 def triton_greedy_kernel():
-    src_path = ROOT / "spec_tree_pristine.py"
+    src_path = UPSTREAM_ROOT / "sglang" / "kernels" / "ops" / "speculative" / "spec_tree.py"
     src = src_path.read_text()
     node = next(n for n in ast.parse(src).body if isinstance(n, ast.FunctionDef) and n.name == "verify_tree_greedy_kernel_triton")
     text = "import triton\nimport triton.language as tl\n\n" + ast.get_source_segment(src, node, padded=False)

@@ -6,10 +6,9 @@ as its epilogue (on Hopper the warp-specialised Gluon "pingpong" kernel, elsewhe
 "tma" kernel), each followed by the per-row selection (forced with config={"path": ...} where a
 test needs another one). tests/unit/test_fused_topk_cpu.py runs the Triton kernels on the CPU
 (Triton's interpreter) in CI; Gluon does not run there. Runs on a CUDA GPU (skipped elsewhere).
-The kernel is the file that patch 0003 adds,
-sglang/srt/speculative/fused_depth_topk.py, read straight out of
-patches/sglang/0003-fused-depth-topk.patch (or from $FUSED_TOPK_FILE) and imported by path,
-so no SGLang package __init__ runs: it needs only torch and triton.
+The kernel is the series' new file patches/sglang/src/sglang/srt/speculative/fused_depth_topk.py
+(or $FUSED_TOPK_FILE), imported by path, so no SGLang package __init__ runs: it needs only torch
+and triton.
 
     python -m pytest tests/gpu/test_fused_topk.py        # on the GPU machine
     python tests/gpu/test_fused_topk.py out.json         # same checks, results as JSON
@@ -22,14 +21,13 @@ import json
 import os
 import pathlib
 import sys
-import tempfile
 
 import pytest
 
 torch = pytest.importorskip("torch") if __name__ != "__main__" else __import__("torch")
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from fused_topk_ref import LP_TOL, PATCH, TIE_TOL, check, extract_new_file, load_kernel_module, reference  # noqa: E402
+from fused_topk_ref import KERNEL_FILE, LP_TOL, TIE_TOL, check, load_kernel_module, reference  # noqa: E402
 
 needs_cuda = pytest.mark.skipif(
     not (hasattr(torch, "cuda") and torch.cuda.is_available()), reason="needs a CUDA GPU"
@@ -237,21 +235,14 @@ def test_fake_tp_merge(mod, bounds, path):
 
 
 def load_patched_ddtree_topk(mod):
-    """0001's ddtree_topk.py with 0003's hunk applied (git apply --include), imported by path
+    """The series' ddtree_topk.py (next to the kernel file in patches/sglang/src), imported by path
     with `sglang.srt.speculative.fused_depth_topk` bound to the kernel module under test."""
-    import subprocess
     import types
 
-    rel = "sglang/srt/speculative/ddtree_topk.py"
-    root = pathlib.Path(tempfile.mkdtemp(prefix="ddtree_topk_"))
-    (root / rel).parent.mkdir(parents=True)
-    (root / rel).write_text(extract_new_file(PATCH.parent / "0001-ddtree-speculative-decoding.patch", rel))
-    subprocess.run(["git", "apply", "-p1", f"--include={rel}", str(PATCH)], cwd=root, check=True,
-                   env=dict(os.environ, GIT_CEILING_DIRECTORIES=str(root.parent)))
     for name in ("sglang", "sglang.srt", "sglang.srt.speculative"):
         sys.modules.setdefault(name, types.ModuleType(name))
     sys.modules["sglang.srt.speculative.fused_depth_topk"] = mod
-    spec = importlib.util.spec_from_file_location("ddtree_topk_patched", root / rel)
+    spec = importlib.util.spec_from_file_location("ddtree_topk_patched", KERNEL_FILE.with_name("ddtree_topk.py"))
     dd = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(dd)
     return dd
@@ -260,7 +251,8 @@ def load_patched_ddtree_topk(mod):
 @needs_cuda
 def test_ddtree_dispatch(mod):
     """depth_topk_logprobs (patch 0001's entry point, patched by 0003) takes the fused path for
-    a dense bf16 head and agrees with float64; SGLANG_DDTREE_FUSED_TOPK=0 gives 0001's path."""
+    a dense bf16 head and agrees with float64; fused=False (--speculative-ddtree-topk torch) gives
+    the torch path and never calls the kernel."""
     dd = load_patched_ddtree_topk(mod)
     k, n = 8, 2 * DEPTHS
     w, w64 = _weight(V_FULL, H_FULL, seed=1)
@@ -277,11 +269,13 @@ def test_ddtree_dispatch(mod):
         mod.fused_depth_topk = orig
     assert calls, "the fused kernel was not used"
     res = check(lp, ids, hidden, w64, k, V_FULL)  # the fused path: the full rule (1e-3)
-    os.environ["SGLANG_DDTREE_FUSED_TOPK"] = "0"
+    calls.clear()
+    mod.fused_depth_topk = lambda *a, **kw: (calls.append(1), orig(*a, **kw))[1]
     try:
-        lp0, ids0 = dd.depth_topk_logprobs(hidden, head, k)
+        lp0, ids0 = dd.depth_topk_logprobs(hidden, head, k, fused=False)
     finally:
-        del os.environ["SGLANG_DDTREE_FUSED_TOPK"]
+        mod.fused_depth_topk = orig
+    assert not calls, "fused=False still called the fused kernel"
     # 0001's torch path rounds the logits to bf16 before the softmax (half an ulp is 0.031 at
     # |logit| in [8, 16)), so it cannot meet 1e-3: recorded here, held only to 0.1.
     ref_vals = reference(hidden, w64, k)[0]

@@ -7,8 +7,10 @@ float64 reference that runs each root-to-node path sequentially. The same tokens
 a flat chain (no forking: what the field saw before the patch) must diverge.
 
 Kernels are imported from an unpacked patched wheel without running any package
-``__init__`` (see /work/shared/docs/sglang-0.5.23.md): point ``SGLANG_FORK_ROOT`` at the
-folder that holds ``sglang/`` (default ``build/patchwork-fork/gpu``).
+``__init__`` (see /work/shared/docs/sglang-0.5.23.md): ``SGLANG_FORK_ROOT`` is the folder that
+holds its ``sglang/`` (default ``build/patchwork/tree``, made by ``make patch-work``); the
+series' ``ddtree_state_fork`` comes from the repository (``patches/sglang/src``,
+``SGLANG_SRC_ROOT``).
 
     python3 -m pytest -q tests/gpu/test_state_forking.py   # on the lent H200
 """
@@ -26,7 +28,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 REPO = Path(__file__).resolve().parents[2]
-ROOT = Path(os.environ.get("SGLANG_FORK_ROOT", REPO / "build" / "patchwork-fork" / "gpu"))
+ROOT = Path(os.environ.get("SGLANG_FORK_ROOT", REPO / "build" / "patchwork" / "tree"))
+SRC = Path(os.environ.get("SGLANG_SRC_ROOT", REPO / "patches" / "sglang" / "src"))
 
 # The lent H200; on a CPU the Triton interpreter (TRITON_INTERPRET=1) runs a small smoke
 # version of the same checks (FORK_TEST_SMALL=1 shrinks heads and tree sizes).
@@ -62,7 +65,9 @@ def load_sglang(root: Path = ROOT) -> dict[str, types.ModuleType]:
         mod = sys.modules.get(name)
         if mod is None:
             mod = types.ModuleType(name)
-            mod.__path__ = [str(path)] if path is not None else []
+            mine = SRC.joinpath(*name.split(".")) if path is not None else None
+            # The series' new files first (from the repository), then the wheel's folder.
+            mod.__path__ = [str(p) for p in (mine, path) if p is not None and p.is_dir()]
             sys.modules[name] = mod
         return mod
 
@@ -425,7 +430,8 @@ def mods():
 
 
 def test_ddtree_gate_per_spec_info(mods):
-    """The patched backend picks tree metadata from the spec info, not the global top-k."""
+    """The patched backend forks a DDTree verify when the server's state forking is on (the
+    --speculative-ddtree-state-forking flag, resolved before the backend is made), and only then."""
     import ast
     from types import SimpleNamespace
 
@@ -435,25 +441,31 @@ def test_ddtree_gate_per_spec_info(mods):
     assert fork.is_ddtree_verify(ddtree)
     assert fork.is_ddtree_verify(SimpleNamespace(spec_input_type=SimpleNamespace(name="DDTREE_VERIFY")))
     assert not fork.is_ddtree_verify(chain) and not fork.is_ddtree_verify(None)
-    assert fork.ddtree_forking_enabled("DDTREE") and fork.ddtree_forking_enabled("ddtree")
+    assert fork.ddtree_forking_enabled("DDTREE") and fork.ddtree_forking_enabled("ddtree", "on")
+    assert not fork.ddtree_forking_enabled("DDTREE", "off")
     assert not fork.ddtree_forking_enabled("DFLASH")
     assert not fork.ddtree_forking_enabled()  # no runtime context here: off
+    assert fork.hybrid_forking(False, "DDTREE", "on") and not fork.hybrid_forking(False, "DDTREE", "off")
 
     # MambaAttnBackendBase._tree_verify, taken from the patched source and run on stand-ins.
     src = (ROOT / "sglang/srt/layers/attention/hybrid_linear_attn_backend.py").read_text()
     cls = next(n for n in ast.parse(src).body if isinstance(n, ast.ClassDef) and n.name == "MambaAttnBackendBase")
     fn = next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "_tree_verify")
-    ns = {"is_ddtree_verify": fork.is_ddtree_verify}
+    ns: dict = {}
     exec(compile(ast.Module(body=[fn], type_ignores=[]), "hybrid_linear_attn_backend.py", "exec"), ns)
     tree_verify = ns["_tree_verify"]
-    dflash_server = SimpleNamespace(topk=1, _ddtree_graphs=False)
-    ddtree_server = SimpleNamespace(topk=1, _ddtree_graphs=True)
-    eagle_server = SimpleNamespace(topk=4, _ddtree_graphs=False)
-    assert tree_verify(dflash_server, ddtree)  # per forward: a DDTree verify forks
-    assert not tree_verify(dflash_server, chain)  # a DFlash chain verify does not
-    assert not tree_verify(dflash_server, None, graph=True)
-    assert tree_verify(ddtree_server, None, graph=True)  # capture dummy of a DDTree target
+    # What __init__ sets: _ddtree_forking from hybrid_forking (DDTREE + flag on), _ddtree_graphs
+    # the same on the target only.
+    dflash_server = SimpleNamespace(topk=1, _ddtree_forking=False, _ddtree_graphs=False)
+    ddtree_server = SimpleNamespace(topk=1, _ddtree_forking=True, _ddtree_graphs=True)
+    nofork_server = SimpleNamespace(topk=1, _ddtree_forking=False, _ddtree_graphs=False)
+    eagle_server = SimpleNamespace(topk=4, _ddtree_forking=False, _ddtree_graphs=False)
+    assert tree_verify(ddtree_server, ddtree)  # per forward: a DDTree verify forks
     assert not tree_verify(ddtree_server, chain)  # eager chain verify stays a chain
+    assert tree_verify(ddtree_server, None, graph=True)  # capture dummy of a DDTree target
+    assert not tree_verify(nofork_server, ddtree)  # forking off: the DDTree tree runs as a chain
+    assert not tree_verify(nofork_server, None, graph=True)
+    assert not tree_verify(dflash_server, chain) and not tree_verify(dflash_server, None, graph=True)
     assert tree_verify(eagle_server, chain)  # EAGLE top-k > 1 unchanged
     # Every tree gate of the backend (eager, capture, replay, post-draft refresh) goes
     # through _tree_verify; the bare global top-k gate is gone.

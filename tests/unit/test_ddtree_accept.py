@@ -1,8 +1,8 @@
-"""DDTree acceptance walk (``sglang/srt/speculative/ddtree_accept.py`` from patch 0001).
+"""DDTree acceptance walk (``sglang/srt/speculative/ddtree_accept.py``, a new file of the series).
 
-The module is pure torch. It is taken from the patch file itself (the added file's
-lines), or from ``SGLANG_WHEEL_ROOT`` when that is set, and checked against a plain
-Python walk written here from the EAGLE kernels' rules:
+The module is pure torch. It is imported from where it lives, ``patches/sglang/src/`` (or
+from ``SGLANG_WHEEL_ROOT`` when that is set, e.g. an unpacked wheel), and checked against a
+plain Python walk written here from the EAGLE kernels' rules:
 
 - greedy: exact equality with the reference walk on random trees;
 - sampled: exact equality with the reference walk given the same coins, and the emitted
@@ -25,37 +25,15 @@ import pytest
 torch = pytest.importorskip("torch", reason="torch is not installed in this environment")
 
 REPO = Path(__file__).resolve().parents[2]
-PATCH = REPO / "patches" / "sglang" / "0001-ddtree-speculative-decoding.patch"
+SRC = REPO / "patches" / "sglang" / "src"
 REL = "sglang/srt/speculative/ddtree_accept.py"
 
 
-def extract_new_file(patch: Path, rel: str) -> str:
-    """Text of a file the patch creates (all its hunk lines start with '+')."""
-    lines = patch.read_text().splitlines()
-    out, inside = [], False
-    for i, line in enumerate(lines):
-        if line.startswith("diff --git "):
-            inside = line.endswith(" b/" + rel) and lines[i + 1].startswith("new file")
-            continue
-        if not inside or line.startswith(("--- ", "+++ ", "@@", "new file", "index ")):
-            continue
-        if line.startswith("+"):
-            out.append(line[1:])
-    if not out:
-        raise AssertionError(f"{rel} not created by {patch}")
-    return "\n".join(out) + "\n"
-
-
-def load_accept(tmp_root: Path):
-    """The module, from SGLANG_WHEEL_ROOT or extracted from the patch into tmp_root."""
+def load_accept(_tmp_root: Path | None = None):
+    """The module, from SGLANG_WHEEL_ROOT when set, else from patches/sglang/src."""
     import importlib.util
 
-    root = os.environ.get("SGLANG_WHEEL_ROOT")
-    if root:
-        path = Path(root) / REL
-    else:
-        path = tmp_root / "ddtree_accept.py"
-        path.write_text(extract_new_file(PATCH, REL))
+    path = Path(os.environ.get("SGLANG_WHEEL_ROOT") or SRC) / REL
     spec = importlib.util.spec_from_file_location("ddtree_accept_under_test", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

@@ -3,8 +3,9 @@
 `ddtree_decode.py`, `ddtree_worker.py` and `ddtree_info.py` have never run inside a server (that
 needs torch 2.14.1, sglang-kernel and a GPU). Their risk is plumbing: a keyword that the 0.5.23
 function does not take, a wrong number of positional arguments, a method or attribute that the
-0.5.23 classes do not have, a dataclass field that is not there. This test imports the three
-modules from the patched wheel (the whole series, as the wheel build applies it) in build/cpu-venv
+0.5.23 classes do not have, a dataclass field that is not there. This test runs in build/cpu-venv
+with the patched wheel (the whole series, as the wheel build applies it) installed, imports the
+three modules from where they live (patches/sglang/src/, put first on the packages' `__path__`)
 and walks their AST. For every call whose callee resolves, by import or through the classes it
 reaches (DDTreeWorker -> DFlashWorkerV2, DDTreeVerifyInput -> EagleVerifyInput, the values that
 their methods return and their attributes hold), to an SGLang function, method or class,
@@ -26,6 +27,13 @@ declared type have (a downcast the annotations do not show) is listed as unresol
 calls into torch, triton, builtins and the standard library (counted per package).
 
 `DDTreeVerifyInput.from_layout` and `set_accepted_nodes` are also run on a tiny CPU tree.
+
+The paths that are not DDTree stay out of DDTree code (a second child run, `--trace`): importing the
+upstream modules that the series edits loads no module of src/; parsing and resolving an AR and a
+DFLASH command line with the patched SGLang calls no function defined in src/ (a `sys.setprofile`
+trace) and leaves the DDTree switches unset, which is what the edited upstream lines test before
+they import anything from src/; the same trace of a DDTREE line does enter src/ (the control). The
+forking-off warning of `ddtree_state_fork.hybrid_forking` is checked there too.
 
 The checker half of this file is standard-library only and runs as a script inside build/cpu-venv
 (`python test_ddtree_plumbing.py MODULE...`: JSON on stdout); the pytest half below it builds the
@@ -1036,10 +1044,96 @@ def construct_verify_input() -> dict:
         return {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-3000:]}
 
 
+def src_first(src_root: Path) -> None:
+    """Make every package that src/ adds files to find them in src/ first (the installed wheel's copies
+    are the same bytes; the test reads the ones in the repository)."""
+    for folder in sorted({p.parent for p in src_root.rglob("*.py")}):
+        package = ".".join(folder.relative_to(src_root).parts)
+        mod = importlib.import_module(package)
+        mod.__path__ = [str(folder), *(p for p in mod.__path__ if p != str(folder))]  # also namespace packages
+
+
+# Upstream modules the series edits (and that AR / DFLASH servers import).
+EDITED_UPSTREAM = (
+    "sglang.srt.arg_groups.field_order", "sglang.srt.arg_groups.fields.spec",
+    "sglang.srt.arg_groups.speculative_hook", "sglang.srt.speculative.spec_info",
+    "sglang.srt.speculative.dflash_worker_v2", "sglang.srt.layers.attention.hybrid_linear_attn_backend",
+    "sglang.srt.layers.attention.linear.kda_backend", "sglang.srt.mem_cache.memory_pool",
+)  # fmt: skip
+
+
+def trace_non_ddtree_paths(src_root: Path, lines: dict[str, list[str]]) -> dict:
+    """What of src/ the AR / DFLASH paths load and call (nothing, if the guards hold); DDTREE last."""
+    import logging
+
+    src_first(src_root)
+    files = {str(p.resolve()) for p in src_root.rglob("*.py")}
+
+    def loaded() -> list[str]:
+        where = {n: str(Path(getattr(m, "__file__", None) or ".").resolve()) for n, m in list(sys.modules.items())}
+        return sorted(n for n, f in where.items() if f in files)
+
+    out: dict = {"before": loaded()}
+    failed = {}
+    for name in EDITED_UPSTREAM:
+        try:
+            importlib.import_module(name)
+        except Exception as exc:  # an import that needs the GPU stack: reported, not hidden
+            failed[name] = f"{type(exc).__name__}: {exc}"[:300]
+    out["import_failed"] = failed
+    out["after_upstream_imports"] = loaded()
+    from sglang.srt.arg_groups.overrides import resolving_view
+    from sglang.srt.arg_groups.speculative_hook import handle_speculative_decoding
+    from sglang.srt.server_args import prepare_server_args
+
+    for name, argv in lines.items():
+        entered: set[str] = set()
+
+        def profile(frame, event, _arg, entered=entered):
+            if event == "call" and frame.f_code.co_filename in files:
+                entered.add(f"{Path(frame.f_code.co_filename).name}:{frame.f_code.co_name}")
+
+        sys.setprofile(profile)
+        try:
+            args = prepare_server_args(argv)
+            handle_speculative_decoding(args)
+            view = resolving_view(args)
+            result = {"algorithm": view.speculative_algorithm,
+                      "state_forking": view.speculative_ddtree_state_forking, "topk": view.speculative_ddtree_topk}
+        except Exception as exc:
+            result = {"error": f"{type(exc).__name__}: {exc}"[:500]}
+        finally:
+            sys.setprofile(None)
+        out[name] = {**result, "entered": sorted(entered), "loaded": loaded()}
+
+    from sglang.srt.speculative import ddtree_state_fork as fork
+
+    records: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            records.append(record.getMessage())
+
+    fork.logger.addHandler(Keep())
+    out["hybrid_forking"] = {
+        "off_target": [fork.hybrid_forking(False, "DDTREE", "off"), list(records)],
+        "off_draft": [fork.hybrid_forking(True, "DDTREE", "off"), list(records)],
+        "on_target": [fork.hybrid_forking(False, "DDTREE", "on"), list(records)],
+        "dflash": [fork.hybrid_forking(False, "DFLASH", None), list(records)],
+    }
+    return out
+
+
 def main(argv: list[str]) -> int:
     import torchvision_standin  # beside this file, so on sys.path when it runs as a script
 
     torchvision_standin.install()
+    if argv[:1] == ["--trace"]:
+        print(json.dumps(trace_non_ddtree_paths(Path(argv[1]), json.loads(argv[2]))))
+        return 0
+    if argv[:1] == ["--src"]:
+        src_first(Path(argv[1]))
+        argv = argv[2:]
     modules = []
     for arg in argv:
         if arg.endswith(".py"):  # a snippet (the self-test): imported as a module from its folder
@@ -1048,6 +1142,7 @@ def main(argv: list[str]) -> int:
         importlib.import_module(arg)
         modules.append(arg)
     out = Checker(modules).run()
+    out["files"] = {m: sys.modules[m].__file__ for m in modules}
     if "sglang.srt.speculative.ddtree_info" in modules:
         out["constructed"] = construct_verify_input()
     print(json.dumps(out))
@@ -1065,11 +1160,12 @@ import os  # noqa: E402
 import subprocess  # noqa: E402
 
 import pytest  # noqa: E402
-from test_patched_cli import cpu_python, downloads, install  # noqa: E402, F401
+from test_patched_cli import cpu_python, ddtree_line, dflash_line, downloads, install, models  # noqa: E402, F401
 
 from sgdeploy import patchset, wheel  # noqa: E402
 
 pytestmark = pytest.mark.slow
+SRC = patchset.DEFAULT_PATCHES_DIR / patchset.SRC_NAME
 
 SNIPPET = """
 from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
@@ -1109,7 +1205,7 @@ def checked(cpu_python, patched_site, tmp_path_factory) -> dict:  # noqa: F811
     snippet.write_text(SNIPPET)
     env = dict(os.environ, PYTHONPATH=str(patched_site), CUDA_VISIBLE_DEVICES="")
     proc = subprocess.run(
-        [cpu_python, __file__, *DDTREE_MODULES, str(snippet)],
+        [cpu_python, __file__, "--src", str(SRC), *DDTREE_MODULES, str(snippet)],
         capture_output=True, text=True, env=env, timeout=900, cwd=patched_site,
     )  # fmt: skip
     assert proc.returncode == 0, f"the checker failed (exit {proc.returncode}):\n{proc.stderr[-5000:]}"
@@ -1158,3 +1254,51 @@ def test_ddtree_verify_input_is_built_on_the_cpu(checked):
     # FULL_MASK: per request [T, prefix + T] = 3 x 8; the prefix columns and the 3 x 3 ancestor mask.
     assert got["custom_mask_numel"] == 24 and got["custom_mask_true"] == 15 + 6
     assert got["accepted_node_index"] == [1]
+
+
+def test_ddtree_modules_are_imported_from_the_repository(checked):
+    for module, file in checked["files"].items():
+        if module in DDTREE_MODULES:
+            assert Path(file).resolve() == (SRC / (module.replace(".", "/") + ".py")).resolve(), (module, file)
+
+
+AR_LINE = ["--model-path", "MODELS/target", "--host", "127.0.0.1", "--port", "30000", "--tp-size", "1",
+           "--device", "cuda", "--attention-backend", "triton", "--page-size", "1"]
+
+
+@pytest.fixture(scope="session")
+def traced(cpu_python, patched_site, models) -> dict:  # noqa: F811
+    lines = {"AR": [a.replace("MODELS", str(models)) for a in AR_LINE], "DFLASH": dflash_line(models),
+             "DDTREE": ddtree_line(models, 15, 8, "--speculative-ddtree-state-forking", "off")}
+    env = dict(os.environ, PYTHONPATH=str(patched_site), CUDA_VISIBLE_DEVICES="")
+    proc = subprocess.run(
+        [cpu_python, __file__, "--trace", str(SRC), json.dumps(lines)],
+        capture_output=True, text=True, env=env, timeout=900, cwd=patched_site,
+    )  # fmt: skip
+    assert proc.returncode == 0, f"the trace failed (exit {proc.returncode}):\n{proc.stderr[-5000:]}"
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_ar_and_dflash_paths_do_not_enter_ddtree_code(traced):
+    assert traced["import_failed"] == {}, traced["import_failed"]
+    # Importing every upstream module the series edits loads nothing of src/.
+    assert traced["after_upstream_imports"] == [], traced["after_upstream_imports"]
+    for name in ("AR", "DFLASH"):
+        got = traced[name]
+        assert "error" not in got, got
+        assert got["entered"] == [] and got["loaded"] == [], (name, got)
+        assert got["state_forking"] is None and got["topk"] is None, (name, got)
+    assert traced["DFLASH"]["algorithm"] == "DFLASH"
+    # The control: the same trace sees a DDTREE line go through src/ (so an empty trace means something).
+    ddtree = traced["DDTREE"]
+    assert "ddtree_hook.py:handle_ddtree" in ddtree["entered"], ddtree
+    assert ddtree["state_forking"] == "off" and ddtree["topk"] == "fused", ddtree
+
+
+def test_forking_off_on_a_hybrid_target_warns_why_it_is_lossy(traced):
+    got = traced["hybrid_forking"]
+    on, logged = got["off_target"]
+    assert on is False and len(logged) == 1, got
+    assert "lossy" in logged[0] and "sibling tree nodes share one recurrent state" in logged[0], logged[0]
+    assert got["off_draft"] == [False, logged], "the draft model's backend warns too"
+    assert got["on_target"] == [True, logged] and got["dflash"] == [False, logged], got

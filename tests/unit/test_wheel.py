@@ -302,3 +302,37 @@ def test_real_diffs_are_small_with_headers_and_edit_only_upstream_files(download
         if rel.endswith(".py"):
             head = path.read_text().split('"""')[1] if path.read_text().startswith('"""') else ""
             assert "New file of the sgdeploy patch series" in " ".join(head.split()), rel
+
+
+def test_patch_work_and_patch_diff_round_trip(synthetic, downloads, tmp_path):
+    """make patch-work / patch-diff: the tree is pristine + src + the series up to the patch; an edit
+    there comes back as that patch (header kept) and the build then applies it."""
+    from sgdeploy import patchwork
+
+    d = tmp_path / "patches"
+    shutil.copytree(synthetic, d)
+    series, work = patchset.load(d), tmp_path / "work"
+    before = (d / "0001-ddtree.patch").read_bytes()
+    tree = patchwork.work(series, "0001-ddtree", "3.11", work, downloads, pins=PINS, log=quiet)
+    readme = (tree / README).read_text()
+    assert "DDTREE PATCHED\n" in readme and "FORK" not in readme  # 0001 only
+    assert (tree / PROBE).read_text() == "FORK = True\n"  # src laid over
+    # Nothing edited: the patch comes back with the same effect (difflib writes its own hunk header).
+    patchwork.diff(series, "0001-ddtree.patch", work, downloads, pins=PINS, log=quiet)
+    again = (d / "0001-ddtree.patch").read_bytes()
+    assert again.startswith(b"Header: what, why.\n\ndiff --git ") and again.split(b"@@")[2:] == before.split(b"@@")[2:]
+    (tree / README).write_text(readme + "AND EDITED\n")  # away from 0002's context
+    patchwork.diff(series, "0001-ddtree", work, downloads, pins=PINS, log=quiet)
+    text = (d / "0001-ddtree.patch").read_text()
+    assert text.startswith("Header: what, why.\n\ndiff --git a/sglang/README.md b/sglang/README.md\n"), text[:200]
+    assert "+DDTREE PATCHED\n" in text and "+AND EDITED\n" in text
+    built = wheel.build(patchset.select(["ddtree"], d), "3.11", tmp_path / "w", downloads, pins=PINS, log=quiet)
+    with zipfile.ZipFile(built.wheel) as zf:
+        got = zf.read(README).decode()
+        assert "DDTREE PATCHED + FORK\n" in got and got.endswith("AND EDITED\n")
+    # The tree holds 0001: writing 0002 from it is refused, and so is a new file in the tree.
+    with pytest.raises(wheel.BuildError, match=r"holds 0001-ddtree.patch, not 0002-fork.patch: run `make patch-work"):
+        patchwork.diff(series, "0002-fork", work, downloads, pins=PINS, log=quiet)
+    (tree / "sglang" / "brand_new.py").write_text("X = 1\n")
+    with pytest.raises(wheel.BuildError, match=r"brand_new.py is a new file: put it in .*/src/sglang/brand_new.py"):
+        patchwork.diff(series, "0001-ddtree", work, downloads, pins=PINS, log=quiet)
