@@ -8,6 +8,7 @@ state (the first deploy is the baseline the later ones roll back to).
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -92,7 +93,7 @@ def test_ddtree_b15_deploys_and_passes_its_gates(lab):
     assert record["outcome"] == "deployed"
     assert {g["gate"]: g["verdict"] for g in record["gates"]} == {
         "smoke": "pass", "throughput": "pass", "acceptance": "pass"}
-    assert record["release"].startswith("ddtree.fork.topk.")
+    assert re.fullmatch(r"[0-9a-fx][0-9a-f]{11}", record["release"]), record["release"]  # the series hash
     # The record was fetched to the controller.
     fetched = list((REPO / "reports" / "deploys" / "lab1").glob("*.json"))
     assert fetched

@@ -17,7 +17,8 @@ from sgdeploy import patchset, spec, wheel
 
 pytestmark = pytest.mark.lab
 
-CONFIG = "ddtree-b15-nofork"  # features: ddtree (the series carries it)
+CONFIG = "ddtree-b15-nofork"  # uses ddtree only, but gets the one patched build (the whole series)
+SAME_RELEASE = "ddtree-b15"  # forking and fused top-k on: the same release, other flags
 ROOT = "/opt/sglang/releases"
 STATE = "/var/lib/sglang-deploy"
 FAKE = {  # label -> created; all older than anything the play installs
@@ -51,7 +52,7 @@ def expected() -> dict:
     return {
         "label": label,
         "version": f"0.5.23+{label}",
-        "features": list(features),
+        "features": list(patchset.features_of(patches)),
         "patches": [p.name for p in patches],
         "wheel": wheel.DEFAULT_OUT / wheel.wheel_name(pins, pin, label),
     }
@@ -93,6 +94,18 @@ def test_second_run_changes_nothing(lab, first_run):
     assert set(lab.hosts) <= set(stats), again.stdout[-2000:]
     for host in lab.hosts:
         assert stats[host]["changed"] == 0 and stats[host]["failed"] == 0, (host, again.stdout[-3000:])
+
+
+def test_switching_forking_on_reuses_the_installed_release(lab, expected, first_run):
+    """ddtree-b15 differs from ddtree-b15-nofork only in server flags: same label, nothing to install."""
+    features = spec.load(SAME_RELEASE).patch_features
+    assert features != spec.load(CONFIG).patch_features  # the configs do differ in what they use
+    assert patchset.release_label(patchset.select(features)) == expected["label"]
+    run = lab.ansible_playbook("playbooks/build.yml", extra_vars={"config": SAME_RELEASE})
+    stats = recap(run.stdout)
+    for host in lab.hosts:
+        assert stats[host]["changed"] == 0 and stats[host]["failed"] == 0, (host, run.stdout[-3000:])
+        assert lab.ssh(host, f"ls {ROOT}/{expected['label']}/release.json").returncode == 0
 
 
 def test_prune_keeps_the_newest_and_every_current_or_previous(lab, expected, first_run):
