@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import io
 import json
 import shlex
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from sgdeploy import render, spec
+from sgdeploy import cli, render, spec
 
 REPO = Path(__file__).resolve().parents[2]
 LABEL = "ddtree.fork.topk.0123abcd"
@@ -53,9 +54,12 @@ EXPECTED["kimi-k2.6-ddtree-b64-tp8"] = (
 
 
 def render_cli(name: str, out: Path, *extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "sgdeploy", "render", name, "--release", LABEL,
-                           "--out", str(out), "--json", *extra], capture_output=True, text=True, cwd=REPO,
-                          check=False)
+    """`sgdeploy render NAME --json ...` in this process: its exit code and output."""
+    args = ["render", name, "--release", LABEL, "--out", str(out), "--json", *extra]
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        code = cli.main(args)
+    return subprocess.CompletedProcess(["sgdeploy", *args], code, stdout.getvalue(), stderr.getvalue())
 
 
 def exec_start(unit_text: str) -> list[str]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import subprocess
 import sys
 import textwrap
@@ -10,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sgdeploy import spec
+from sgdeploy import cli, spec
 
 REPO = Path(__file__).resolve().parents[2]
 SHIPPED = spec.available()
@@ -19,8 +21,20 @@ REQUIRED_CONFIGS = {"ar", "dflash-b16", "ddtree-b15", "ddtree-b32", "ddtree-b64"
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "sgdeploy", *args], capture_output=True, text=True,
-                          cwd=REPO, check=False)
+    """`sgdeploy ARGS` in this process (as fast as a function call): its exit code and output."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = cli.main(list(args))
+    return subprocess.CompletedProcess(["sgdeploy", *args], code, out.getvalue(), err.getvalue())
+
+
+def test_the_real_command_exits_2_without_a_traceback(tmp_path):
+    path = tmp_path / "bad.yml"
+    path.write_text("extends: ddtree-b15\nspeculative: {budget: 0}\n")
+    result = subprocess.run([sys.executable, "-m", "sgdeploy", "config", str(path)], capture_output=True, text=True,
+                            cwd=REPO, check=False)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr == f"{path}: speculative.budget: 0: must be between 1 and {spec.MAX_BUDGET}\n"
 
 
 def test_required_configs_are_shipped():
