@@ -129,12 +129,22 @@ def cmd_render(args: argparse.Namespace) -> int:
     return 0
 
 
-def _pick_host(args: argparse.Namespace) -> tuple[str, dict]:
-    """The inventory host a controller-side command talks to (--host, or the first of gpu_hosts)."""
+class UsageError(Exception):
+    """A wrong argument found after parsing: `sgdeploy SUB: message`, exit 2."""
+
+
+def _config_and_host(args: argparse.Namespace) -> tuple[spec.Config, str, dict]:
+    """The config and the inventory host a controller-side command talks to (--host, or the first
+    of gpu_hosts) with its variables. Raises UsageError, spec.ConfigError."""
     from sgdeploy import sweep
 
-    data = sweep.read_inventory(Path(args.inventory))
-    return sweep.pick_host(data, Path(args.inventory), args.host)
+    config = spec.load(args.config)
+    try:
+        data = sweep.read_inventory(Path(args.inventory))
+        name, hostvars = sweep.pick_host(data, Path(args.inventory), args.host)
+    except sweep.UsageError as err:
+        raise UsageError(str(err)) from None
+    return config, name, hostvars
 
 
 def _host_service_url(config: spec.Config, hostvars: dict) -> str:
@@ -146,14 +156,9 @@ def cmd_gate(args: argparse.Namespace) -> int:
     """The gates of a config, run from the controller through an SSH tunnel to one host."""
     import tempfile
 
-    from sgdeploy import gate, sweep
+    from sgdeploy import gate
 
-    config = spec.load(args.config)
-    try:
-        name, hostvars = _pick_host(args)
-    except sweep.UsageError as err:
-        print(f"{PROG} gate: {err}", file=sys.stderr)
-        return 2
+    config, name, hostvars = _config_and_host(args)
     with tempfile.NamedTemporaryFile("w", suffix=".json", prefix="sgdeploy-gate-") as f:
         json.dump({"config": config.name, "gates": config.gates.as_mapping(),
                    "speculative": config.speculative_enabled}, f)
@@ -168,14 +173,9 @@ def cmd_tunnel(args: argparse.Namespace) -> int:
     import threading
     from urllib.parse import urlsplit
 
-    from sgdeploy import sweep, tunnel
+    from sgdeploy import tunnel
 
-    config = spec.load(args.config)
-    try:
-        name, hostvars = _pick_host(args)
-    except sweep.UsageError as err:
-        print(f"{PROG} tunnel: {err}", file=sys.stderr)
-        return 2
+    config, name, hostvars = _config_and_host(args)
     remote = urlsplit(_host_service_url(config, hostvars))
     try:
         with tunnel.forward(tunnel.Target.from_hostvars(name, hostvars), remote.port or 80,
@@ -269,7 +269,11 @@ def main(argv: list[str] | None = None) -> int:
         if argv and argv[0] in DELEGATED:
             return _module_main(DELEGATED[argv[0]][0])(argv[1:])
         args = build_parser().parse_args(argv)
-        return args.func(args)
+        try:
+            return args.func(args)
+        except UsageError as err:
+            print(f"{PROG} {args.command}: {err}", file=sys.stderr)
+            return 2
     except spec.ConfigError as exc:
         for line in exc.problems:
             print(line, file=sys.stderr)
