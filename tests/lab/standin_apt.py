@@ -284,11 +284,19 @@ def signing_key(home: Path) -> str:
             home.glob("private-keys-v1.d/*")) else ""
         return [line.split(":")[9] for line in out.splitlines() if line.startswith("fpr:")][:1]
 
-    found = secret_fingerprints()
-    if not found:
-        _gpg(home, "--passphrase", "", "--quick-gen-key", UID, "ed25519", "sign", "never")
+    try:
         found = secret_fingerprints()
-    return found[0]
+        if not found:
+            _gpg(home, "--passphrase", "", "--quick-gen-key", UID, "ed25519", "sign", "never")
+            found = secret_fingerprints()
+        return found[0]
+    finally:
+        _stop_agent(home)
+
+
+def _stop_agent(home: Path) -> None:
+    """gpg starts an agent for a home's secret keys: stop it, nothing of the lab keeps running."""
+    subprocess.run(["gpgconf", "--homedir", str(home), "--kill", "gpg-agent"], check=False, capture_output=True)
 
 
 def sign(dest: Path, home: Path) -> str:
@@ -296,14 +304,15 @@ def sign(dest: Path, home: Path) -> str:
     as `dest`/lab-apt.pub. Returns the key's fingerprint."""
     fingerprint = signing_key(home)
     release = dest / "Release"
-    for name, mode in (("InRelease", "--clearsign"), ("Release.gpg", "--detach-sign")):
-        out = dest / name
-        out.unlink(missing_ok=True)
-        _gpg(home, "--local-user", fingerprint, "--digest-algo", "SHA512", "--armor", mode,
-             "--output", str(out), str(release))
-    (dest / KEY_NAME).write_bytes(_gpg(home, "--armor", "--export", fingerprint).stdout)
-    # Signing started a gpg-agent for this home: stop it, nothing of the lab keeps running.
-    subprocess.run(["gpgconf", "--homedir", str(home), "--kill", "gpg-agent"], check=False, capture_output=True)
+    try:
+        for name, mode in (("InRelease", "--clearsign"), ("Release.gpg", "--detach-sign")):
+            out = dest / name
+            out.unlink(missing_ok=True)
+            _gpg(home, "--local-user", fingerprint, "--digest-algo", "SHA512", "--armor", mode,
+                 "--output", str(out), str(release))
+        (dest / KEY_NAME).write_bytes(_gpg(home, "--armor", "--export", fingerprint).stdout)
+    finally:
+        _stop_agent(home)
     return fingerprint
 
 
