@@ -1,5 +1,10 @@
 # sgdeploy: Blackwell hosts → a gated, measured SGLang speculative-decoding service.
 # `make help` lists the targets. Every target sets up .venv itself when needed.
+#
+# Variables a user sets (CONFIG, INVENTORY, LIMIT, ...; USER_VARS below) reach recipes only as
+# environment variables, quoted in the shell ("$$CONFIG"), never as recipe text: a value with
+# `;`, backticks or `$(...)` is one argument, never a command. Keep it so in new targets:
+# write "$$CONFIG", not $(CONFIG), in a recipe (tests/unit/test_makefile.py checks).
 
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
@@ -8,6 +13,9 @@ SHELL := /bin/bash
 VENV        ?= .venv
 PY          := $(VENV)/bin/python
 STAMP       := $(VENV)/.installed
+# The programs the recipes run (tests replace them with recorders).
+SGDEPLOY    := $(VENV)/bin/sgdeploy
+ANSIBLE_PLAYBOOK := $(VENV)/bin/ansible-playbook
 CONFIG      ?=
 INVENTORY   ?=
 LIMIT       ?=
@@ -20,9 +28,12 @@ CLIFF_DROP  ?=
 TIE_TOLERANCE ?=
 HOST        ?=
 PATCHES     ?=
-export LAB_HOSTS LAB_INVENTORY
-export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
-export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
+
+# Take every user variable's text as it is (make never expands a `$(...)` in it), and hand it to
+# the recipes' environment.
+USER_VARS := CONFIG INVENTORY LIMIT SERIAL LAB_HOSTS LAB_INVENTORY BUDGETS TOPK_CAPS CLIFF_DROP \
+             TIE_TOLERANCE HOST PATCHES
+$(foreach v,$(USER_VARS),$(eval override $(v) := $$(value $(v))))
 
 # No INVENTORY: the lab (brought up when absent).
 ifeq ($(strip $(INVENTORY)),)
@@ -32,21 +43,41 @@ else
   INV := $(INVENTORY)
   USE_LAB :=
 endif
-LIMIT_ARG := $(if $(strip $(LIMIT)),--limit $(LIMIT),)
+export $(USER_VARS) INV
+export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
+export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
+
+# Shell snippets. LIMIT_ARG: `--limit "$LIMIT"` when LIMIT is set (two words, the value intact).
+LIMIT_ARG := $${LIMIT:+--limit "$$LIMIT"}
+# A config is a name from configs/ or the path of a YAML file; anything else stops here (exit 2)
+# before any program runs.
+CONFIG_ALLOWED := a config name from configs/ (lower-case letters, digits, '.', '_', '-'; e.g. ddtree-b15) \
+                  or the path of a .yml/.yaml file (letters, digits, '.', '_', '-', '+', '/')
+define check_config
+	@if ! [[ "$$CONFIG" =~ ^[a-z0-9][a-z0-9._-]*$$ || "$$CONFIG" =~ ^[A-Za-z0-9._+/-]+\.ya?ml$$ ]]; then \
+	  echo "CONFIG='$$CONFIG' is not allowed: use $(CONFIG_ALLOWED)" >&2; exit 2; fi
+endef
 
 define need_config
-	@if [ -z "$(CONFIG)" ]; then echo "CONFIG is required, e.g. make $@ CONFIG=ddtree-b15 (configs: $$(ls configs | sed 's/\.yml$$//' | tr '\n' ' '))" >&2; exit 2; fi
+	@if [ -z "$$CONFIG" ]; then echo "CONFIG is required, e.g. make $@ CONFIG=ddtree-b15 (configs: $$(ls configs | sed 's/\.yml$$//' | tr '\n' ' '))" >&2; exit 2; fi
+	$(check_config)
+endef
+
+# CONFIG is optional (validate, verify): checked when given.
+define maybe_config
+	@if [ -n "$$CONFIG" ] && ! [[ "$$CONFIG" =~ ^[a-z0-9][a-z0-9._-]*$$ || "$$CONFIG" =~ ^[A-Za-z0-9._+/-]+\.ya?ml$$ ]]; then \
+	  echo "CONFIG='$$CONFIG' is not allowed: use $(CONFIG_ALLOWED)" >&2; exit 2; fi
 endef
 
 define ensure_lab
 	@if [ -n "$(USE_LAB)" ]; then \
-	  echo "No INVENTORY given: using the lab ($(LAB_INVENTORY)), bringing it up if needed."; \
+	  echo "No INVENTORY given: using the lab ($$LAB_INVENTORY), bringing it up if needed."; \
 	  $(PY) tests/lab/lab.py up >/dev/null; \
 	fi
 endef
 
-.PHONY: help setup lint test test-unit test-lab config render validate wheel deploy gate rollback status \
-        provision build verify sweep lab-up lab-down lab-status clean
+.PHONY: help setup lint test test-unit test-slow test-lab config render validate wheel deploy gate rollback \
+        status provision build verify sweep lab-up lab-down lab-status clean
 
 help: ## List the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -60,61 +91,65 @@ $(STAMP): requirements.txt pyproject.toml
 	$(PY) -m pip install -q --no-deps -e .
 	@touch $@
 
-setup: $(STAMP) ## Create .venv with the pinned Python dependencies (other targets do it for you)
+setup: $(STAMP) ## Create .venv with the pinned Python dependencies and the `sgdeploy` command (other targets do it for you)
 
 config: $(STAMP) ## Print the fully merged config: make config CONFIG=ddtree-b15
 	$(need_config)
-	@$(PY) -m sgdeploy config $(CONFIG)
+	@$(SGDEPLOY) config "$$CONFIG"
 
 validate: $(STAMP) ## Validate every config in configs/ (or CONFIG=...)
-	@$(PY) -m sgdeploy validate $(CONFIG)
+	$(maybe_config)
+	@$(SGDEPLOY) validate $${CONFIG:+"$$CONFIG"}
 
 render: $(STAMP) ## Render the unit + env file to build/render/<config>/: make render CONFIG=...
 	$(need_config)
-	@$(PY) -m sgdeploy render $(CONFIG)
+	@$(SGDEPLOY) render "$$CONFIG"
 
 wheel: $(STAMP) ## Build the patched SGLang wheel for CONFIG (or PATCHES=ddtree,fork) into build/wheels/
-	@if [ -n "$(PATCHES)" ]; then $(PY) -m sgdeploy.wheel --features $(PATCHES); \
-	 else $(if $(CONFIG),$(PY) -m sgdeploy.wheel --config $(CONFIG),echo "CONFIG or PATCHES is required" >&2; exit 2); fi
+	@if [ -z "$$PATCHES" ] && [ -z "$$CONFIG" ]; then echo "CONFIG or PATCHES is required, e.g. make wheel CONFIG=ddtree-b15" >&2; exit 2; fi
+	$(maybe_config)
+	@if [ -n "$$PATCHES" ]; then $(SGDEPLOY) wheel --features "$$PATCHES"; else $(SGDEPLOY) wheel --config "$$CONFIG"; fi
 
 deploy: $(STAMP) ## Deploy CONFIG with gates and automatic rollback [INVENTORY= LIMIT= SERIAL=]
 	$(need_config)
-	@$(PY) -m sgdeploy validate $(CONFIG) >/dev/null
+	@$(SGDEPLOY) validate "$$CONFIG" >/dev/null
 	$(ensure_lab)
-	ansible-playbook -i $(INV) $(LIMIT_ARG) playbooks/deploy.yml -e config=$(CONFIG) -e deploy_serial=$(SERIAL)
+	$(ANSIBLE_PLAYBOOK) -i "$$INV" $(LIMIT_ARG) playbooks/deploy.yml -e config="$$CONFIG" -e deploy_serial="$$SERIAL"
 
 gate: $(STAMP) ## Run CONFIG's gates from the controller through an SSH tunnel [HOST= INVENTORY=]
 	$(need_config)
 	$(ensure_lab)
-	@$(PY) -m sgdeploy gate $(CONFIG) --inventory $(INV) $(if $(HOST),--host $(HOST),)
+	@$(SGDEPLOY) gate "$$CONFIG" --inventory "$$INV" $${HOST:+--host "$$HOST"}
 
 rollback: $(STAMP) ## Go back by hand to the previous deploy of CONFIG [INVENTORY= LIMIT=]
 	$(need_config)
 	$(ensure_lab)
-	ansible-playbook -i $(INV) $(LIMIT_ARG) playbooks/rollback.yml -e config=$(CONFIG)
+	$(ANSIBLE_PLAYBOOK) -i "$$INV" $(LIMIT_ARG) playbooks/rollback.yml -e config="$$CONFIG"
 
 status: $(STAMP) ## Show what runs where, with the last gate numbers [INVENTORY=]
 	$(ensure_lab)
-	ansible-playbook -i $(INV) $(LIMIT_ARG) playbooks/status.yml
+	$(ANSIBLE_PLAYBOOK) -i "$$INV" $(LIMIT_ARG) playbooks/status.yml
 
 provision: $(STAMP) ## Provision NVIDIA driver + CUDA [INVENTORY= LIMIT=]
 	$(ensure_lab)
-	ansible-playbook -i $(INV) $(LIMIT_ARG) playbooks/provision.yml
+	$(ANSIBLE_PLAYBOOK) -i "$$INV" $(LIMIT_ARG) playbooks/provision.yml
 
 build: $(STAMP) ## Build the wheel for CONFIG and install the release on the hosts
 	$(need_config)
 	$(ensure_lab)
-	ansible-playbook -i $(INV) $(LIMIT_ARG) playbooks/build.yml -e config=$(CONFIG)
+	$(ANSIBLE_PLAYBOOK) -i "$$INV" $(LIMIT_ARG) playbooks/build.yml -e config="$$CONFIG"
 
 verify: $(STAMP) ## Run the testinfra checks in tests/infra/ against INVENTORY
+	$(maybe_config)
 	$(ensure_lab)
-	$(PY) -m pytest -p no:cacheprovider tests/infra --hosts=ansible://gpu_hosts --ansible-inventory=$(INV) $(if $(CONFIG),--config=$(CONFIG),)
+	$(PY) -m pytest -p no:cacheprovider tests/infra --hosts=ansible://gpu_hosts --ansible-inventory="$$INV" \
+		$${CONFIG:+--config="$$CONFIG"}
 
 sweep: $(STAMP) ## Sweep CONFIG over BUDGETS (and TOPK_CAPS) on one host; report in reports/sweeps/
 	$(need_config)
 	$(ensure_lab)
-	$(PY) -m sgdeploy.sweep --config $(CONFIG) --inventory $(INV) --budgets "$(BUDGETS)" $(if $(TOPK_CAPS),--topk-caps "$(TOPK_CAPS)",) $(if $(HOST),--host $(HOST),) \
-		$(if $(CLIFF_DROP),--cliff-drop $(CLIFF_DROP),) $(if $(TIE_TOLERANCE),--tie-tolerance $(TIE_TOLERANCE),)
+	$(SGDEPLOY) sweep --config "$$CONFIG" --inventory "$$INV" --budgets "$$BUDGETS" $${TOPK_CAPS:+--topk-caps "$$TOPK_CAPS"} \
+		$${HOST:+--host "$$HOST"} $${CLIFF_DROP:+--cliff-drop "$$CLIFF_DROP"} $${TIE_TOLERANCE:+--tie-tolerance "$$TIE_TOLERANCE"}
 
 lab-up: $(STAMP) ## Boot the lab: LAB_HOSTS systemd-nspawn hosts on 127.0.1.x, inventory/lab.yml
 	$(PY) tests/lab/lab.py up
@@ -130,13 +165,16 @@ lint: $(STAMP) ## ruff, yamllint, ansible-lint (production profile)
 	$(VENV)/bin/yamllint -s .
 	$(VENV)/bin/ansible-lint --offline -q --profile production playbooks roles
 
-test-unit: $(STAMP) ## CPU tests (no lab)
-	$(PY) -m pytest -p no:cacheprovider -q tests/unit
+test-unit: $(STAMP) ## CPU tests (no lab), without the slow ones (under 2 minutes)
+	$(PY) -m pytest -p no:cacheprovider -q -m "not slow" tests/unit
+
+test-slow: $(STAMP) ## The slow CPU tests (they build CPU virtualenvs; minutes)
+	$(PY) -m pytest -p no:cacheprovider -q -m slow tests/unit
 
 test-lab: $(STAMP) ## Lab integration tests on two labs at once; both taken down, even on failure
 	@PY=$(PY) tests/lab/run.sh
 
-test: lint test-unit test-lab ## Everything CI runs: lint, unit tests, lab tests
+test: lint test-unit test-slow test-lab ## Everything CI runs: lint, unit tests (fast and slow), lab tests
 
 clean: ## Remove build/ and reports/ (keeps the lab's cached root filesystem)
 	rm -rf build/render build/wheels reports

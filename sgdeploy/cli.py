@@ -1,14 +1,53 @@
-"""Command line: `python -m sgdeploy <command>`. A thin layer over the modules; exit codes:
-0 success, 1 a check failed, 2 bad input (a config problem, a wrong argument)."""
+"""The `sgdeploy` command: every controller-side entry point of the project, one subcommand each.
+
+    sgdeploy config|validate|render CONFIG ...   the config and its unit (sgdeploy.spec, sgdeploy.render)
+    sgdeploy gate CONFIG --inventory INV         a config's gates, through an SSH tunnel to one host
+    sgdeploy tunnel CONFIG --inventory INV       forward a local port to a host's service, until Ctrl-C
+    sgdeploy wheel|sweep|bench|records ...       the modules' own command lines (sgdeploy.wheel, ...)
+    sgdeploy report DIR                          rewrite a sweep report's results.md and sweep.png
+
+A thin layer over the modules (tests call their functions directly). Exit codes: 0 success, 1 a
+check failed, 2 bad input (a config problem, a wrong argument), with one line naming the problem.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from sgdeploy import render, spec
+
+PROG = "sgdeploy"
+
+
+class _Parser(argparse.ArgumentParser):
+    """Bad arguments: one line `sgdeploy SUB: message`, exit 2, no usage dump."""
+
+    def error(self, message: str) -> None:
+        self.exit(2, f"{self.prog}: {message}\n")
+
+
+def _module_main(module: str) -> Callable[[list[str]], int]:
+    """A module's own command line, run as `sgdeploy <name> ...` (imported when called)."""
+
+    def run(argv: list[str]) -> int:
+        import importlib
+
+        return importlib.import_module(f"sgdeploy.{module}").main(argv)
+
+    return run
+
+
+# Subcommands whose arguments the module's own parser reads (its --help lists them).
+DELEGATED: dict[str, tuple[str, str]] = {
+    "wheel": ("wheel", "build the patched SGLang wheel of a config's patch set (sgdeploy.wheel)"),
+    "sweep": ("sweep", "sweep a DDTREE config over budgets and top-k caps on one host (sgdeploy.sweep)"),
+    "bench": ("bench", "the fixed greedy benchmark against a service URL (sgdeploy.bench)"),
+    "records": ("records", "read or write deploy records in a folder (sgdeploy.records)"),
+}
 
 
 def _release_label(config: spec.Config, patches_dir: Path | None) -> str:
@@ -90,32 +129,92 @@ def cmd_render(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_gate(args: argparse.Namespace) -> int:
-    """The gates of a config, run from the controller through an SSH tunnel to one host."""
-    import tempfile
+class UsageError(Exception):
+    """A wrong argument found after parsing: `sgdeploy SUB: message`, exit 2."""
 
-    from sgdeploy import gate, sweep
+
+def _config_and_host(args: argparse.Namespace) -> tuple[spec.Config, str, dict]:
+    """The config and the inventory host a controller-side command talks to (--host, or the first
+    of gpu_hosts) with its variables. Raises UsageError, spec.ConfigError."""
+    from sgdeploy import sweep
 
     config = spec.load(args.config)
     try:
         data = sweep.read_inventory(Path(args.inventory))
         name, hostvars = sweep.pick_host(data, Path(args.inventory), args.host)
     except sweep.UsageError as err:
-        print(f"python -m sgdeploy gate: {err}", file=sys.stderr)
-        return 2
+        raise UsageError(str(err)) from None
+    return config, name, hostvars
+
+
+def _host_service_url(config: spec.Config, hostvars: dict) -> str:
     host = render.HostSettings(release_label="unused", bind_address=hostvars.get("sglang_bind_address") or None)
+    return service_url(config, host)
+
+
+def cmd_gate(args: argparse.Namespace) -> int:
+    """The gates of a config, run from the controller through an SSH tunnel to one host."""
+    import tempfile
+
+    from sgdeploy import gate
+
+    config, name, hostvars = _config_and_host(args)
     with tempfile.NamedTemporaryFile("w", suffix=".json", prefix="sgdeploy-gate-") as f:
         json.dump({"config": config.name, "gates": config.gates.as_mapping(),
                    "speculative": config.speculative_enabled}, f)
         f.flush()
         extra = ["--only", "smoke"] if args.smoke_only else []
-        return gate.main(["--url", service_url(config, host), "--config-json", f.name, "--via-ssh", name,
+        return gate.main(["--url", _host_service_url(config, hostvars), "--config-json", f.name, "--via-ssh", name,
                           "--inventory", args.inventory, *extra])
 
 
+def cmd_tunnel(args: argparse.Namespace) -> int:
+    """Forward a local port to a config's service on one host (it binds to the host's loopback)."""
+    import threading
+    from urllib.parse import urlsplit
+
+    from sgdeploy import tunnel
+
+    config, name, hostvars = _config_and_host(args)
+    remote = urlsplit(_host_service_url(config, hostvars))
+    try:
+        with tunnel.forward(tunnel.Target.from_hostvars(name, hostvars), remote.port or 80,
+                            remote_host=remote.hostname or "127.0.0.1", local_port=args.local_port) as url:
+            print(f"{url} -> {name} -> {remote.geturl()} ({config.name}); Ctrl-C closes it", flush=True)
+            threading.Event().wait(args.seconds)
+    except tunnel.TunnelError as err:
+        print(f"{PROG} tunnel: {err}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    """Rewrite results.md and sweep.png of a sweep report from its results.json."""
+    from sgdeploy import report
+
+    path = Path(args.dir)
+    path = path / "results.json" if path.is_dir() else path
+    try:
+        results = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        print(f"{PROG} report: {path}: cannot read a sweep's results.json: {err}", file=sys.stderr)
+        return 2
+    if not isinstance(results, dict) or results.get("schema") != 1 or not isinstance(results.get("variants"), list):
+        print(f"{PROG} report: {path}: not a sweep report (results.json of schema 1 with variants; docs/sweep.md)",
+              file=sys.stderr)
+        return 2
+    out = report.write(results, path.parent)
+    for key in ("md", "png"):
+        print(out[key])
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m sgdeploy", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = _Parser(prog=PROG, description=__doc__.split("\n\n")[0],
+                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="COMMAND")
 
     p = sub.add_parser("config", help="print the fully merged config as YAML")
     p.add_argument("config", help="config name (configs/NAME.yml) or path to a YAML file")
@@ -139,25 +238,48 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print a JSON description instead of paths")
     p.set_defaults(func=cmd_render)
 
+    def host_args(p: argparse.ArgumentParser) -> None:
+        p.add_argument("config")
+        p.add_argument("--inventory", required=True)
+        p.add_argument("--host", default=None, help="inventory host (default: the first of gpu_hosts)")
+
     p = sub.add_parser("gate", help="run a config's gates from the controller through an SSH tunnel")
-    p.add_argument("config")
-    p.add_argument("--inventory", required=True)
-    p.add_argument("--host", default=None, help="inventory host (default: the first of gpu_hosts)")
+    host_args(p)
     p.add_argument("--smoke-only", action="store_true")
     p.set_defaults(func=cmd_gate)
+
+    p = sub.add_parser("tunnel", help="forward a local port to a config's service on one host, until Ctrl-C")
+    host_args(p)
+    p.add_argument("--local-port", type=int, default=None, help="local port (default: a free one)")
+    p.add_argument("--seconds", type=float, default=None, help=argparse.SUPPRESS)  # tests: close after this
+    p.set_defaults(func=cmd_tunnel)
+
+    p = sub.add_parser("report", help="rewrite a sweep report's results.md and sweep.png from its results.json")
+    p.add_argument("dir", help="the sweep's report folder (reports/sweeps/<id>) or its results.json")
+    p.set_defaults(func=cmd_report)
+
+    for name, (_module, text) in DELEGATED.items():
+        sub.add_parser(name, help=f"{text}; `{PROG} {name} --help` for its arguments", add_help=False)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        return args.func(args)
+        if argv and argv[0] in DELEGATED:
+            return _module_main(DELEGATED[argv[0]][0])(argv[1:])
+        args = build_parser().parse_args(argv)
+        try:
+            return args.func(args)
+        except UsageError as err:
+            print(f"{PROG} {args.command}: {err}", file=sys.stderr)
+            return 2
     except spec.ConfigError as exc:
         for line in exc.problems:
             print(line, file=sys.stderr)
         return 2
     except ImportError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"{PROG}: {exc}", file=sys.stderr)
         return 2
     except BrokenPipeError:
         return 0

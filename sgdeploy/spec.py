@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,10 @@ MODEL_SOURCES = ("hf", "path", "controller")
 HF_REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 REVISION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 MODEL_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+# Strings that reach a unit file, an env file or a host's command line (docs/configs.md, "Strings"):
+# a model folder on the host, and the longest description the unit's header comment takes.
+HOST_PATH_RE = re.compile(r"^/[A-Za-z0-9._+@=,/-]*$")
+MAX_DESCRIPTION = 200
 # The fields each source takes (besides `source`; the model's recurrent_layers always).
 SOURCE_FIELDS = {"hf": ("path", "revision", "allow_patterns"), "path": ("path",),
                  "controller": ("controller_path", "version")}
@@ -252,11 +257,14 @@ def resolve(name_or_path: str | Path, config_dir: Path = CONFIG_DIR) -> Path:
         if not candidate.is_file():
             raise ConfigError([f"{text}: no such config file"])
         return candidate.resolve()
+    known = ", ".join(available(config_dir)) or "(none)"
+    if not NAME_RE.fullmatch(text):
+        raise ConfigError([f"config {text!r}: not a config name: names are lower-case letters, digits, '.', '_' and "
+                           f"'-' (known configs: {known}), or give the path of a .yml file"])
     for suffix in (".yml", ".yaml"):
         p = config_dir / f"{text}{suffix}"
         if p.is_file():
             return p.resolve()
-    known = ", ".join(available(config_dir)) or "(none)"
     raise ConfigError([f"{text}: no config of that name in {config_dir}; known configs: {known}"])
 
 
@@ -381,8 +389,8 @@ class _Checker:
                 return self.bad(path, value, "must be a mapping of NAME: value")
             out = {}
             for k, v in value.items():
-                if not isinstance(k, str) or not ENV_NAME_RE.match(k):
-                    self.bad(f"{path}.{k}", k, "environment variable names are letters, digits and _")
+                if not isinstance(k, str) or not ENV_NAME_RE.fullmatch(k):
+                    self.bad(f"{path}.{_key(k)}", k, "environment variable names are letters, digits and _")
                 elif isinstance(v, (dict, list)) or v is None:
                     self.bad(f"{path}.{k}", v, "must be a string, number or boolean")
                 else:
@@ -399,7 +407,7 @@ class _Checker:
         for key in data:
             if key not in schema:
                 hint = _close_match(str(key), schema)
-                self.bad(f"{path}.{key}" if path else str(key), data[key],
+                self.bad(f"{path}.{_key(key)}" if path else _key(key), data[key],
                          f"unknown field{hint}; allowed: {', '.join(schema)}")
         out: dict[str, Any] = {}
         for key, spec in schema.items():
@@ -410,6 +418,12 @@ class _Checker:
             else:
                 out[key] = self.leaf(sub, value, spec)
         return out
+
+
+def _key(key: Any) -> str:
+    """A mapping key as a field path shows it: as written, or quoted when it is not one plain line."""
+    text = str(key)
+    return text if text.isprintable() else repr(text)
 
 
 def _close_match(key: str, schema: dict[str, Any]) -> str:
@@ -458,10 +472,63 @@ def _check_forking_memory(chk: _Checker, model: dict, spec: dict, serving: dict)
                 f"per GPU, serving.forking_memory_gib allows {gib:g}: the largest budget that fits is {largest}")
 
 
+# --------------------------------------------------------------------------------------------------
+# Strings that reach a unit, an env file or a shell on the host
+
+
+def _control_characters(text: str) -> list[str]:
+    """The characters of `text` that end a line or a shell word, or that a terminal acts on:
+    newline, carriage return, NUL, tab, escape, the Unicode line and paragraph separators."""
+    return sorted({c for c in text if unicodedata.category(c) in ("Cc", "Zl", "Zp")})
+
+
+def _one_line(chk: _Checker, path: str, value: Any, what: str) -> bool:
+    """False (and a problem naming the characters) when a string holds a control character."""
+    if not isinstance(value, str):
+        return True
+    bad = _control_characters(value)
+    if bad:
+        shown = ", ".join(repr(c) for c in bad)
+        chk.bad(path, value, f"{what}: one line of printable text, without newline, tab or other control "
+                             f"characters (found {shown})")
+        return False
+    return True
+
+
+def _check_strings(chk: _Checker, v: dict[str, Any]) -> None:
+    """Every config string that reaches the unit, the env file or a command on the host: one line
+    of printable text, and paths without `..`. The unit template and render quote what remains
+    (`%`, `$`, quotes, backslashes, spaces), so a value is always one argument or one comment."""
+    desc = v["description"]
+    if _one_line(chk, "description", desc, "the description goes into the unit's header comment") and \
+            isinstance(desc, str) and len(desc) > MAX_DESCRIPTION:
+        chk.bad("description", desc, f"at most {MAX_DESCRIPTION} characters (it goes into the unit's header comment)")
+    serving = v["serving"]
+    for i, arg in enumerate(serving["extra_args"] or []):
+        where = f"serving.extra_args[{i}]"
+        if _one_line(chk, where, arg, "each is one argument of the unit's ExecStart") and arg == "":
+            chk.bad(where, arg, "an argument of the unit's ExecStart: must not be empty")
+    for key, value in (serving["env"] or {}).items():
+        _one_line(chk, f"serving.env.{key}", value, "a value of the service's environment file")
+    for part in ("model", "drafter"):
+        m = v[part]
+        if m is None:
+            continue
+        # path, revision and version have patterns of their own (_check_source); this one has none.
+        _one_line(chk, f"{part}.controller_path", m["controller_path"], "a model folder on the controller")
+        for i, pattern in enumerate(m["allow_patterns"] or []):
+            where = f"{part}.allow_patterns[{i}]"
+            if not _one_line(chk, where, pattern, "a file pattern of the download"):
+                continue
+            if not pattern or pattern.startswith("/") or ".." in pattern.split("/"):
+                chk.bad(where, pattern, "a file pattern relative to the repository (e.g. '*.safetensors'), not empty, "
+                                        "not absolute, without '..'")
+
+
 def validate(merged: dict[str, Any], source: Path, name: str) -> Config:
     """Typed config from a merged mapping, or ConfigError with every problem found."""
     chk = _Checker(source)
-    if not NAME_RE.match(name):
+    if not NAME_RE.fullmatch(name):
         chk.bad("name", name, "config file names are lower-case letters, digits, '.', '_' and '-'")
     v = chk.section("", merged, SCHEMA)
     spec, serving, gates = v["speculative"], v["serving"], v["gates"]
@@ -559,6 +626,7 @@ def validate(merged: dict[str, Any], source: Path, name: str) -> Config:
             chk.bad("serving.extra_args", arg, f"{flag} is set from the config's own fields; set those instead")
 
     _check_forking_memory(chk, v["model"], spec, serving)
+    _check_strings(chk, v)
 
     # Gates.
     for key in ("min_accept_length", "min_tokens_per_s"):
@@ -619,34 +687,37 @@ def _check_source(chk: _Checker, part: str, m: dict[str, Any]) -> None:
     if source == "hf":
         if m["path"] is None:
             chk.bad(f"{part}.path", ABSENT, "required for source hf: a Hugging Face repository ORG/NAME")
-        elif not HF_REPO_RE.match(m["path"]):
+        elif not HF_REPO_RE.fullmatch(m["path"]):
             chk.bad(f"{part}.path", m["path"], "for source hf, a Hugging Face repository ORG/NAME (letters, digits, "
                                                "'.', '_', '-'); for a folder on the host use source: path")
         if m["revision"] is None:
             chk.bad(f"{part}.revision", ABSENT, "required for source hf: pin a commit hash (or a branch or tag name)")
-        elif not REVISION_RE.match(m["revision"]):
+        elif not REVISION_RE.fullmatch(m["revision"]):
             chk.bad(f"{part}.revision", m["revision"], "a commit hash, branch or tag of letters, digits, '.', '_' "
                                                        "and '-'")
     elif source == "path":
         if m["path"] is None:
             chk.bad(f"{part}.path", ABSENT, "required for source path: the model folder on the host")
-        elif not m["path"].startswith("/") or any(c.isspace() for c in m["path"]):
-            chk.bad(f"{part}.path", m["path"], "for source path, an absolute folder on the host without spaces "
-                                               "(e.g. /mnt/models/Qwen3.6-27B)")
+        elif not HOST_PATH_RE.fullmatch(m["path"]) or ".." in m["path"].split("/"):
+            chk.bad(f"{part}.path", m["path"], "for source path, an absolute folder on the host of letters, digits "
+                                               "and '._+@=,-/', without spaces or '..' (e.g. /mnt/models/Qwen3.6-27B)")
     elif source == "controller":
         cp = m["controller_path"]
         if cp is None:
             chk.bad(f"{part}.controller_path", ABSENT, "required for source controller: a model folder on the "
                                                        "controller (absolute or relative to the repository)")
+        elif ".." in Path(cp).parts:
+            chk.bad(f"{part}.controller_path", cp, "a model folder on the controller without '..' (absolute, or "
+                                                   "relative to the repository)")
         else:
             folder = controller_folder(cp)
             if not folder.is_dir():
                 chk.bad(f"{part}.controller_path", cp, f"must be an existing folder on the controller ({folder})")
             elif not (folder / "config.json").is_file():
                 chk.bad(f"{part}.controller_path", cp, f"the folder {folder} has no config.json: not a model folder")
-            elif not MODEL_NAME_RE.match(folder.name):
+            elif not MODEL_NAME_RE.fullmatch(folder.name):
                 chk.bad(f"{part}.controller_path", cp, "the folder name must be letters, digits, '.', '_' and '-'")
-        if m["version"] is not None and not MODEL_NAME_RE.match(m["version"]):
+        if m["version"] is not None and not MODEL_NAME_RE.fullmatch(m["version"]):
             chk.bad(f"{part}.version", m["version"], "letters, digits, '.', '_' and '-'")
 
 

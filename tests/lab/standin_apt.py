@@ -3,16 +3,21 @@
 
 The repository is *flat*: `Packages`, `Packages.gz`, `Release` and the `.deb` files side by side
 in one directory, `$LAB_DIR/apt` on the controller, which every lab host sees read-only at
-`/srv/lab-apt`. A lab host uses it through the line
+`/srv/lab-apt`. It is signed as NVIDIA's is: `InRelease` and `Release.gpg` carry a signature by
+the lab's own key, generated once per lab (`$LAB_DIR/apt-gnupg`, see `signing_key`), whose public
+half is published beside the repository as `lab-apt.pub`, as NVIDIA publishes `3bf863cc.pub`. The
+lab inventory points the nvidia_apt_repo role at the repository and pins that key's fingerprint
+(`nvidia_apt_repo_key_fingerprint`), so the role verifies the key and writes the line
 
-    deb [trusted=yes] file:/srv/lab-apt ./
+    deb [signed-by=/etc/apt/keyrings/nvidia-cuda.asc] file:/srv/lab-apt ./
 
-(the lab inventory sets it as `nvidia_apt_repo_line`). The packages carry the real names of
+exactly as it does for NVIDIA's repository (no `trusted=yes`). The packages carry the real names of
 NVIDIA's CUDA repository (Ubuntu naming: `nvidia-open-580`, `nvidia-dkms-580-open`,
 `cuda-toolkit-13-0`, ...) and a `linux-headers-<running kernel>`, so that the roles' real apt,
 pin, hold and reboot logic runs; their contents only pretend (see standin/pkgs/README.md).
 
 Usage: python tests/lab/standin_apt.py [DEST]   (default: $LAB_DIR/apt, LAB_DIR=build/lab)
+Prints the signing key's fingerprint last.
 
 The destination directory is emptied and refilled in place, never replaced: the lab hosts
 bind-mount it, and a new directory would not be seen by hosts already running.
@@ -34,7 +39,20 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 PKGS = HERE / "standin" / "pkgs"
 
-REPO_LINE = "deb [trusted=yes] file:/srv/lab-apt ./"
+# Where the hosts see the repository, and the role variables that make nvidia_apt_repo use it.
+HOST_DIR = "/srv/lab-apt"
+KEY_NAME = "lab-apt.pub"
+UID = "sgdeploy lab apt repository (test equipment) <lab-apt@localhost>"
+
+
+def role_vars(fingerprint: str) -> dict[str, str]:
+    """The nvidia_apt_repo variables that point a lab host at this repository and pin its key."""
+    return {
+        "nvidia_apt_repo_url": f"file:{HOST_DIR}",
+        "nvidia_apt_repo_suite": "./",
+        "nvidia_apt_repo_key_url": f"file://{HOST_DIR}/{KEY_NAME}",
+        "nvidia_apt_repo_key_fingerprint": fingerprint,
+    }
 ARCH = "amd64"
 MAINTAINER = "sgdeploy lab <lab@localhost>"
 
@@ -246,8 +264,66 @@ def index_entry(deb: Path, dest: Path) -> str:
     return "\n".join(lines[:desc_at] + extra + lines[desc_at:]) + "\n"
 
 
-def build(dest: Path, kernel: str | None = None) -> Path:
-    """Build the repository into `dest` (emptied in place). Returns `dest`."""
+def _gpg(home: Path, *args: str, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run(["gpg", "--batch", "--quiet", "--homedir", str(home), *args], check=True,
+                          capture_output=True, **kwargs)
+
+
+def default_gnupg_home(dest: Path) -> Path:
+    return dest.parent / "apt-gnupg"
+
+
+def signing_key(home: Path) -> str:
+    """The fingerprint of the lab's repository signing key in `home`, generated on first use
+    (ed25519, no passphrase: test equipment). Kept across rebuilds, so the pin stays valid."""
+    home.mkdir(mode=0o700, parents=True, exist_ok=True)
+    home.chmod(0o700)
+
+    def secret_fingerprints() -> list[str]:
+        out = _gpg(home, "--with-colons", "--list-secret-keys", text=True).stdout if any(
+            home.glob("private-keys-v1.d/*")) else ""
+        return [line.split(":")[9] for line in out.splitlines() if line.startswith("fpr:")][:1]
+
+    try:
+        found = secret_fingerprints()
+        if not found:
+            _gpg(home, "--passphrase", "", "--quick-gen-key", UID, "ed25519", "sign", "never")
+            found = secret_fingerprints()
+        return found[0]
+    finally:
+        _stop_agent(home)
+
+
+def _stop_agent(home: Path) -> None:
+    """gpg starts an agent for a home's secret keys: stop it, nothing of the lab keeps running."""
+    subprocess.run(["gpgconf", "--homedir", str(home), "--kill", "gpg-agent"], check=False, capture_output=True)
+
+
+def sign(dest: Path, home: Path) -> str:
+    """InRelease (clear-signed) and Release.gpg (detached) for `dest`/Release, and the public key
+    as `dest`/lab-apt.pub. Returns the key's fingerprint."""
+    fingerprint = signing_key(home)
+    release = dest / "Release"
+    try:
+        for name, mode in (("InRelease", "--clearsign"), ("Release.gpg", "--detach-sign")):
+            out = dest / name
+            out.unlink(missing_ok=True)
+            _gpg(home, "--local-user", fingerprint, "--digest-algo", "SHA512", "--armor", mode,
+                 "--output", str(out), str(release))
+        (dest / KEY_NAME).write_bytes(_gpg(home, "--armor", "--export", fingerprint).stdout)
+    finally:
+        _stop_agent(home)
+    return fingerprint
+
+
+def fingerprint_of(dest: Path, home: Path | None = None) -> str:
+    """The fingerprint the lab inventory pins: that of the key `build` signed `dest` with."""
+    return signing_key(home or default_gnupg_home(dest))
+
+
+def build(dest: Path, kernel: str | None = None, gnupg_home: Path | None = None) -> Path:
+    """Build the repository into `dest` (emptied in place) and sign it with the lab's key in
+    `gnupg_home` (default: `apt-gnupg` beside `dest`). Returns `dest`."""
     kernel = kernel or os.uname().release
     dest.mkdir(parents=True, exist_ok=True)
     for old in dest.iterdir():
@@ -281,6 +357,7 @@ def build(dest: Path, kernel: str | None = None) -> Path:
             data = (dest / name).read_bytes()
             release.append(f" {fn(data).hexdigest()} {len(data)} {name}")
     (dest / "Release").write_text("\n".join(release) + "\n", encoding="utf-8")
+    sign(dest, gnupg_home or default_gnupg_home(dest))
     for path in dest.iterdir():
         path.chmod(0o644)
     return dest
@@ -292,8 +369,8 @@ def main(argv: list[str]) -> int:
         return 2
     dest = Path(argv[0]) if argv else Path(os.environ.get("LAB_DIR", "build/lab")) / "apt"
     build(dest)
-    print(f"stand-in apt repository in {dest} ({len(list(dest.glob('*.deb')))} packages); "
-          f"hosts use: {REPO_LINE}")
+    print(f"stand-in apt repository in {dest} ({len(list(dest.glob('*.deb')))} packages), signed by key")
+    print(fingerprint_of(dest))
     return 0
 
 

@@ -25,9 +25,10 @@ import standin_apt  # noqa: E402
 pytestmark = pytest.mark.lab
 
 PLAYBOOK = "playbooks/provision.yml"
-# What the lab inventory must set for these roles (until lab.py writes them, passed with -e).
+# What the lab inventory sets for these roles (lab.py writes them; passed with -e as well, so
+# that this module states what it relies on). The apt part is filled in by the `plab` fixture:
+# the stand-in repository and the fingerprint of the lab's signing key.
 LAB_VARS = {
-    "nvidia_apt_repo_line": standin_apt.REPO_LINE,
     "nvidia_driver_module_version_file": "/run/lab-nvidia/module-version",
 }
 HELD = ["nvidia-open-580", "nvidia-dkms-580-open", "nvidia-utils-580", "libnvidia-compute-580",
@@ -38,7 +39,8 @@ pkgs=$(dpkg-query -W -f '${Package}\n' 'nvidia-*' 'libnvidia-*' 'cuda-*' 'linux-
 if [ -n "$pkgs" ]; then
     DEBIAN_FRONTEND=noninteractive apt-get purge -y -q --allow-change-held-packages $pkgs >/dev/null
 fi
-rm -f /etc/apt/sources.list.d/nvidia-cuda-mirror.list /etc/apt/preferences.d/nvidia-driver-branch.pref \
+rm -f /etc/apt/sources.list.d/nvidia-cuda-mirror.list /etc/apt/sources.list.d/nvidia-cuda.list \
+      /etc/apt/keyrings/nvidia-cuda.asc /etc/apt/preferences.d/nvidia-driver-branch.pref \
       /etc/modprobe.d/blacklist-nouveau.conf /etc/apt/apt.conf.d/51nvidia-unattended-upgrades-blacklist \
       /etc/profile.d/cuda-toolkit.sh /run/nvidia-driver-reboot-pending
 rm -rf /run/lab-nvidia /var/lib/apt/lists/_srv_lab-apt_* /lib/modules/$(uname -r)/updates/dkms
@@ -90,6 +92,7 @@ def plab(lab):
     if not (REPO / "ansible.cfg").exists():
         lab.env.setdefault("ANSIBLE_ROLES_PATH", str(REPO / "roles"))
     standin_apt.build(lab.config.apt_dir)
+    LAB_VARS.update(standin_apt.role_vars(standin_apt.fingerprint_of(lab.config.apt_dir)))
     for host in lab.hosts:
         lab.ssh(host, RESET, timeout=300)
         restore_conf(lab, host)
@@ -153,14 +156,42 @@ def test_preflight_fails_before_any_change(plab, case):
     assert_nothing_installed(plab)
 
 
+def test_wrong_key_fingerprint_is_refused_before_any_change(plab):
+    """The repository's key does not have the pinned fingerprint (a swapped key, or a wrong pin):
+    the run stops in nvidia_apt_repo, naming both fingerprints, and no host has a changed file."""
+    right = LAB_VARS["nvidia_apt_repo_key_fingerprint"]
+    wrong = "EB693B3035CD5710E231E123A4B469963BF863CC"  # NVIDIA's: not the key the lab signs with
+    before = {host: plab.ssh(host, "ls -la /etc/apt/sources.list.d /etc/apt/keyrings 2>&1; dpkg -l | md5sum").stdout
+              for host in plab.hosts}
+    proc = provision(plab, nvidia_apt_repo_key_fingerprint=wrong)
+    text = output(proc)
+    assert proc.returncode != 0, text[-3000:]
+    assert (f"has fingerprint {right}, but nvidia_apt_repo_key_fingerprint pins {wrong}: refusing to trust it. "
+            "Nothing was changed.") in text, text[-3000:]
+    assert "Install the verified key" not in text, "the play went on past the check"
+    for host in plab.hosts:
+        after = plab.ssh(host, "ls -la /etc/apt/sources.list.d /etc/apt/keyrings 2>&1; dpkg -l | md5sum").stdout
+        assert after == before[host], f"{host} changed:\n{before[host]}\n---\n{after}"
+    assert_nothing_installed(plab)
+
+
 def test_fresh_hosts_get_driver_cuda_holds_blacklist_and_persistenced(plab):
     boots = {host: boot_id(plab, host) for host in plab.hosts}
     proc = provision(plab)
     text = output(proc)
     assert proc.returncode == 0, text[-4000:]
     assert "initramfs NOT rebuilt: /usr/sbin/update-initramfs does not exist" in text
+    fingerprint = LAB_VARS["nvidia_apt_repo_key_fingerprint"]
+    assert text.count("matches nvidia_apt_repo_key_fingerprint") == len(plab.hosts), text[-4000:]
     for host in plab.hosts:
         assert recap(proc)[host]["failed"] == 0
+        # The repository is trusted through the pinned key only: signed-by, never trusted=yes.
+        sources = plab.ssh(host, "cat /etc/apt/sources.list.d/*.list").stdout
+        assert "deb [signed-by=/etc/apt/keyrings/nvidia-cuda.asc] file:/srv/lab-apt ./" in sources, sources
+        assert "trusted=yes" not in sources, sources
+        shown = plab.ssh(host, "gpg --batch --homedir $(mktemp -d) --show-keys --with-colons "
+                               "/etc/apt/keyrings/nvidia-cuda.asc").stdout
+        assert f"fpr:::::::::{fingerprint}:" in shown, shown
         assert boot_id(plab, host) != boots[host], f"{host} was not rebooted for the new module"
         for package in HELD + ["linux-headers-" + plab.ssh(host, "uname -r").stdout.strip()]:
             assert installed(plab, host, package), f"{host}: {package} not installed"

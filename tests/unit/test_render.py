@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import io
 import json
 import shlex
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from sgdeploy import render, spec
+from sgdeploy import cli, render, spec
 
 REPO = Path(__file__).resolve().parents[2]
 LABEL = "0123456789ab"
@@ -54,9 +56,12 @@ EXPECTED["kimi-k2.6-ddtree-b64-tp8"] = (
 
 
 def render_cli(name: str, out: Path, *extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "sgdeploy", "render", name, "--release", LABEL,
-                           "--out", str(out), "--json", *extra], capture_output=True, text=True, cwd=REPO,
-                          check=False)
+    """`sgdeploy render NAME --json ...` in this process: its exit code and output."""
+    args = ["render", name, "--release", LABEL, "--out", str(out), "--json", *extra]
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        code = cli.main(args)
+    return subprocess.CompletedProcess(["sgdeploy", *args], code, stdout.getvalue(), stderr.getvalue())
 
 
 def exec_start(unit_text: str) -> list[str]:
@@ -160,3 +165,97 @@ def test_verify_rejects_a_broken_unit(tmp_path):
     unit.write_text(unit.read_text().replace("KillMode=mixed", "KillMode=sometimes"))
     with pytest.raises(render.VerifyError, match="kill mode"):
         render.verify(unit, PY)
+
+
+# --- Config strings cannot add a directive to the unit (issue 20) -----------------------------------
+
+INJECTION = "x\n[Service]\nExecStartPre=+/bin/touch /root/x\n"
+
+
+def systemd_words(line: str) -> list[str]:
+    """An ExecStart= value split as systemd reads it: words on spaces, "..." with C escapes, then
+    %% -> % (specifiers) and $$ -> $ (variable expansion)."""
+    words, i, n = [], 0, len(line)
+    escapes = {"n": "\n", "t": "\t", "r": "\r"}
+    while i < n:
+        if line[i] == " ":
+            i += 1
+            continue
+        word: list[str] = []
+        if line[i] == '"':
+            i += 1
+            while line[i] != '"':
+                if line[i] == "\\":
+                    i += 1
+                    word.append(escapes.get(line[i], line[i]))
+                else:
+                    word.append(line[i])
+                i += 1
+            i += 1
+        else:
+            while i < n and line[i] != " ":
+                if line[i] == "\\":
+                    i += 1
+                word.append(line[i])
+                i += 1
+        words.append("".join(word).replace("%%", "%").replace("$$", "$"))
+    return words
+
+
+def _unit_of(config: spec.Config, tmp_path: Path) -> tuple[str, Path]:
+    rendered = render.render(config, render.HostSettings(release_label=LABEL))
+    unit_path, _env = render.write(rendered, tmp_path)
+    render.verify(unit_path, rendered.argv[0])  # systemd-analyze verify stays clean
+    return rendered.unit_text, unit_path
+
+
+def _keys(unit_text: str) -> list[str]:
+    return [ln.split("=", 1)[0] if "=" in ln else ln for ln in unit_text.splitlines()
+            if ln.strip() and not ln.startswith("#")]
+
+
+def test_a_description_with_unit_lines_is_refused_by_validation(tmp_path):
+    path = tmp_path / "evil.yml"
+    path.write_text(f"extends: ddtree-b15\ndescription: {json.dumps(INJECTION)}\n")
+    result = render_cli(str(path), tmp_path / "out")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert f"{path}: description: " in result.stderr and "one line of printable text" in result.stderr
+    assert not (tmp_path / "out").exists(), "a refused config rendered something"
+
+
+@pytest.mark.parametrize("field", ["description", "extra_args"])
+def test_even_unvalidated_line_breaks_add_no_directive(field, tmp_path):
+    """Below validation, the template itself keeps every value on its line: the same directives,
+    no ExecStartPre, and systemd-analyze verify clean."""
+    config = spec.load("ddtree-b15")
+    clean, _ = _unit_of(config, tmp_path / "clean")
+    if field == "description":
+        evil = dataclasses.replace(config, description=INJECTION)
+    else:
+        evil = dataclasses.replace(config, serving=dataclasses.replace(config.serving, extra_args=(INJECTION,)))
+    text, _ = _unit_of(evil, tmp_path / "evil")
+    assert _keys(text) == _keys(clean)
+    assert not any(ln.startswith("ExecStartPre") for ln in text.splitlines())
+
+
+def test_extra_args_are_quoted_one_argument_each(tmp_path):
+    """%, $, quotes, backslashes, spaces and a lone ';' (systemd's command separator) reach SGLang
+    exactly as written: one argument each, specifiers and variables escaped."""
+    odd = ['--json-model-override-args={"rope": "a b"}', "--tag=%h-%n", "--home=$HOME", "--x=${PATH}",
+           "back\\slash", ";", "it's", "--pct=100%"]
+    config = spec.load("ddtree-b15")
+    config = dataclasses.replace(config, serving=dataclasses.replace(config.serving, extra_args=tuple(odd)))
+    text, _ = _unit_of(config, tmp_path)
+    line = next(ln for ln in text.splitlines() if ln.startswith("ExecStart="))
+    assert systemd_words(line.removeprefix("ExecStart="))[-len(odd):] == odd
+    assert "%%h-%%n" in line and "$$HOME" in line and "$${PATH}" in line and '";"' in line
+
+
+def test_odd_extra_args_pass_validation_and_render(tmp_path):
+    """The same arguments in a config file: valid (they are one line each), rendered, verified."""
+    path = tmp_path / "odd.yml"
+    path.write_text("extends: ddtree-b15\nserving: {extra_args: ['--tag=%h', '--home=$HOME', ';']}\n")
+    result = render_cli(str(path), tmp_path / "out")
+    assert result.returncode == 0, result.stderr
+    argv = json.loads(result.stdout)["argv"]
+    assert argv[-3:] == ["--tag=%h", "--home=$HOME", ";"]

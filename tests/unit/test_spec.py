@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import subprocess
 import sys
 import textwrap
@@ -10,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sgdeploy import spec
+from sgdeploy import cli, spec
 
 REPO = Path(__file__).resolve().parents[2]
 SHIPPED = spec.available()
@@ -19,8 +21,20 @@ REQUIRED_CONFIGS = {"ar", "dflash-b16", "ddtree-b15", "ddtree-b32", "ddtree-b64"
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "sgdeploy", *args], capture_output=True, text=True,
-                          cwd=REPO, check=False)
+    """`sgdeploy ARGS` in this process (as fast as a function call): its exit code and output."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = cli.main(list(args))
+    return subprocess.CompletedProcess(["sgdeploy", *args], code, out.getvalue(), err.getvalue())
+
+
+def test_the_real_command_exits_2_without_a_traceback(tmp_path):
+    path = tmp_path / "bad.yml"
+    path.write_text("extends: ddtree-b15\nspeculative: {budget: 0}\n")
+    result = subprocess.run([sys.executable, "-m", "sgdeploy", "config", str(path)], capture_output=True, text=True,
+                            cwd=REPO, check=False)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr == f"{path}: speculative.budget: 0: must be between 1 and {spec.MAX_BUDGET}\n"
 
 
 def test_required_configs_are_shipped():
@@ -126,6 +140,32 @@ BAD = [
     ("controller-with-revision", {"drafter": {"source": "controller", "path": None,
                                               "controller_path": "/nonexistent/tiny"}},
      "drafter.revision", "only for source hf, not controller"),
+    # Strings that reach the unit, the env file or a command on the host (issue 20).
+    ("description-with-unit-lines", {"description": "x\n[Service]\nExecStartPre=+/bin/touch /root/x"},
+     "description", "one line of printable text, without newline"),
+    ("description-with-cr", {"description": "x\rExecStartPre=+/bin/touch /root/x"}, "description", "found '\\r'"),
+    ("description-too-long", {"description": "d" * 201}, "description", "at most 200 characters"),
+    ("extra-arg-with-newline", {"serving": {"extra_args": ["--x\nExecStartPre=+/bin/touch /root/x"]}},
+     "serving.extra_args[0]", "one argument of the unit's ExecStart: one line"),
+    ("extra-arg-empty", {"serving": {"extra_args": ["--trust-remote-code", ""]}}, "serving.extra_args[1]",
+     "must not be empty"),
+    ("env-value-with-newline", {"serving": {"env": {"A": "1\nB=2"}}}, "serving.env.A", "one line of printable"),
+    ("env-name-with-newline", {"serving": {"env": {"A\nB": "1"}}}, "serving.env.'A\\nB'", "letters, digits and _"),
+    ("path-with-dotdot", {"model": {"source": "path", "revision": None, "path": "/srv/models/../../etc"}},
+     "model.path", "without spaces or '..'"),
+    ("path-with-semicolon", {"model": {"source": "path", "revision": None, "path": "/srv/m;touch /tmp/x"}},
+     "model.path", "letters, digits and '._+@=,-/'"),
+    ("path-with-newline", {"model": {"source": "path", "revision": None, "path": "/srv/m\n"}}, "model.path",
+     "absolute folder on the host"),
+    ("hf-repo-with-newline", {"model": {"path": "Qwen/Qwen3.6-27B\n"}}, "model.path", "ORG/NAME"),
+    ("revision-with-newline", {"model": {"revision": "main\n"}}, "model.revision", "commit hash, branch or tag"),
+    ("controller-path-with-dotdot", {"drafter": {"source": "controller", "path": None, "revision": None,
+                                                 "controller_path": "../models/tiny"}},
+     "drafter.controller_path", "without '..'"),
+    ("allow-pattern-with-dotdot", {"drafter": {"allow_patterns": ["../../etc/*"]}}, "drafter.allow_patterns[0]",
+     "without '..'"),
+    ("allow-pattern-absolute", {"drafter": {"allow_patterns": ["/etc/*"]}}, "drafter.allow_patterns[0]",
+     "not absolute"),
 ]
 
 
@@ -141,6 +181,12 @@ def test_bad_config_exits_2_naming_field(case, patch, field, allowed, tmp_path):
     assert str(path) in lines[0]
     assert allowed in lines[0], lines[0]
     assert result.stdout == ""
+
+
+def test_a_config_name_that_is_not_a_name_is_refused_naming_what_is_allowed():
+    result = run_cli("config", "Ddtree-b15")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "config 'Ddtree-b15': not a config name: names are lower-case letters, digits" in result.stderr
 
 
 def test_every_problem_is_reported_one_line_each(tmp_path):

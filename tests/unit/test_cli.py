@@ -1,0 +1,100 @@
+"""The one `sgdeploy` command (issue 19): installed by pyproject.toml, every controller entry point
+a subcommand, bad input one line and exit 2."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from sgdeploy import cli, report
+
+REPO = Path(__file__).resolve().parents[2]
+SGDEPLOY = Path(sys.executable).parent / "sgdeploy"
+SUBCOMMANDS = ("config", "validate", "render", "gate", "tunnel", "report", "wheel", "sweep", "bench", "records")
+
+
+def sgdeploy(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(SGDEPLOY), *args], capture_output=True, text=True, cwd=REPO, check=False, timeout=120)
+
+
+def test_pyproject_builds_and_installs_the_command():
+    data = tomllib.loads((REPO / "pyproject.toml").read_text())
+    assert data["build-system"]["build-backend"] == "setuptools.build_meta"
+    assert data["project"]["scripts"] == {"sgdeploy": "sgdeploy.cli:main"}
+    assert SGDEPLOY.is_file(), f"{SGDEPLOY}: `make setup` installs the sgdeploy command"
+
+
+def test_help_lists_every_subcommand():
+    result = sgdeploy("--help")
+    assert result.returncode == 0, result.stderr
+    listed = {line.split()[0] for line in result.stdout.splitlines() if line.startswith("    ") and line.split()}
+    assert set(SUBCOMMANDS) <= listed, result.stdout
+
+
+@pytest.mark.parametrize("sub", SUBCOMMANDS)
+def test_each_subcommand_has_help(sub, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        cli.main([sub, "--help"])
+    assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage:") and "--" in out
+
+
+def test_a_wrong_subcommand_or_argument_is_one_line_exit_2():
+    result = sgdeploy("deploy-everything")
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and result.stderr.startswith("sgdeploy: ")
+    assert "invalid choice: 'deploy-everything'" in result.stderr
+    result = sgdeploy("render")
+    assert result.returncode == 2 and result.stderr.strip() == (
+        "sgdeploy render: the following arguments are required: config")
+
+
+def test_delegated_subcommands_run_the_modules_own_command_line(monkeypatch):
+    seen = []
+    for name, (module, _help) in cli.DELEGATED.items():
+        monkeypatch.setattr(f"sgdeploy.{module}.main", lambda argv, _n=name: seen.append((_n, argv)) or 7)
+    assert cli.main(["sweep", "--config", "ddtree-b15", "--budgets", "8 15"]) == 7
+    assert cli.main(["wheel", "--features", "ddtree"]) == 7
+    assert seen == [("sweep", ["--config", "ddtree-b15", "--budgets", "8 15"]), ("wheel", ["--features", "ddtree"])]
+
+
+def test_python_dash_m_sgdeploy_is_the_same_command():
+    result = subprocess.run([sys.executable, "-m", "sgdeploy", "validate", "ar"], capture_output=True, text=True,
+                            cwd=REPO, check=False)
+    assert result.returncode == 0 and result.stdout.strip() == "1 config(s) valid: ar"
+
+
+def _results(tmp_path: Path) -> Path:
+    rows = [report.variant_row(b, 8, accept_length_mean=a, tokens_per_s=t)
+            for b, a, t in ((8, 4.0, 100.0), (15, 5.0, 110.0), (32, 2.0, 90.0))]
+    results = report.build_results(config="ddtree-b15", host="lab1", started="s", finished="f", variants=rows)
+    (tmp_path / "results.json").write_text(json.dumps(results))
+    return tmp_path
+
+
+def test_report_rewrites_the_markdown_and_the_plot(tmp_path):
+    folder = _results(tmp_path)
+    result = sgdeploy("report", str(folder))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == [str(folder / "results.md"), str(folder / "sweep.png")]
+    assert "15" in (folder / "results.md").read_text()
+    assert (folder / "sweep.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_report_of_something_else_is_refused(tmp_path):
+    (tmp_path / "results.json").write_text('{"schema": 9}')
+    result = sgdeploy("report", str(tmp_path))
+    assert result.returncode == 2 and "not a sweep report" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_tunnel_without_such_a_host_is_refused(tmp_path):
+    inventory = tmp_path / "inv.yml"
+    inventory.write_text("all:\n  children:\n    gpu_hosts:\n      hosts:\n        a: {ansible_host: 127.0.0.9}\n")
+    result = sgdeploy("tunnel", "ddtree-b15", "--inventory", str(inventory), "--host", "nope")
+    assert result.returncode == 2 and result.stderr.startswith("sgdeploy tunnel: ") and "nope" in result.stderr
