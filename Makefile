@@ -28,11 +28,12 @@ CLIFF_DROP  ?=
 TIE_TOLERANCE ?=
 HOST        ?=
 PATCHES     ?=
+PATCH       ?=
 
 # Take every user variable's text as it is (make never expands a `$(...)` in it), and hand it to
 # the recipes' environment.
 USER_VARS := CONFIG INVENTORY LIMIT SERIAL LAB_HOSTS LAB_INVENTORY BUDGETS TOPK_CAPS CLIFF_DROP \
-             TIE_TOLERANCE HOST PATCHES
+             TIE_TOLERANCE HOST PATCHES PATCH
 $(foreach v,$(USER_VARS),$(eval override $(v) := $$(value $(v))))
 
 # No INVENTORY: the lab (brought up when absent).
@@ -181,11 +182,10 @@ clean: ## Remove build/ and reports/ (keeps the lab's cached root filesystem)
 
 # ---- SGLang patch series (docs/build.md, "Changing the series") ----
 .PHONY: patch-work patch-diff
-PATCH ?=
 
 patch-work: $(STAMP) ## Unpack pristine SGLang + patches/sglang/src + the series (up to PATCH=) into build/patchwork/tree
-	@$(PY) -m sgdeploy.patchwork work $(if $(PATCH),--patch $(PATCH),)
+	@$(SGDEPLOY) patchwork work $${PATCH:+--patch "$$PATCH"}
 
 patch-diff: $(STAMP) ## Write build/patchwork/tree's edits back into PATCH=0002-... (its header kept)
-	@if [ -z "$(PATCH)" ]; then echo "PATCH is required, e.g. make patch-diff PATCH=0002-ddtree-recurrent-state-forking" >&2; exit 2; fi
-	@$(PY) -m sgdeploy.patchwork diff --patch $(PATCH)
+	@if [ -z "$$PATCH" ]; then echo "PATCH is required, e.g. make patch-diff PATCH=0002-ddtree-recurrent-state-forking" >&2; exit 2; fi
+	@$(SGDEPLOY) patchwork diff --patch "$$PATCH"

@@ -3,7 +3,7 @@
     sgdeploy config|validate|render CONFIG ...   the config and its unit (sgdeploy.spec, sgdeploy.render)
     sgdeploy gate CONFIG --inventory INV         a config's gates, through an SSH tunnel to one host
     sgdeploy tunnel CONFIG --inventory INV       forward a local port to a host's service, until Ctrl-C
-    sgdeploy wheel|sweep|bench|records ...       the modules' own command lines (sgdeploy.wheel, ...)
+    sgdeploy wheel|sweep|bench|records|patchwork  the modules' own command lines (sgdeploy.wheel, ...)
     sgdeploy report DIR                          rewrite a sweep report's results.md and sweep.png
 
 A thin layer over the modules (tests call their functions directly). Exit codes: 0 success, 1 a
@@ -47,6 +47,7 @@ DELEGATED: dict[str, tuple[str, str]] = {
     "sweep": ("sweep", "sweep a DDTREE config over budgets and top-k caps on one host (sgdeploy.sweep)"),
     "bench": ("bench", "the fixed greedy benchmark against a service URL (sgdeploy.bench)"),
     "records": ("records", "read or write deploy records in a folder (sgdeploy.records)"),
+    "patchwork": ("patchwork", "lay out the series in build/patchwork/ or write a diff back (sgdeploy.patchwork)"),
 }
 
 
