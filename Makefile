@@ -140,3 +140,8 @@ test: lint test-unit test-lab ## Everything CI runs: lint, unit tests, lab tests
 
 clean: ## Remove build/ and reports/ (keeps the lab's cached root filesystem)
 	rm -rf build/render build/wheels reports
+
+# --- the patched server end to end on the H200 (tests/gpu/e2e/README.md) ---
+.PHONY: gpu-server-bundle
+gpu-server-bundle: $(STAMP) ## Prepare what the H200 end-to-end harness carries into .gpu-e2e/ (wheels, kernels, plans)
+	$(PY) tests/gpu/e2e/bundle.py --out .gpu-e2e
