@@ -42,7 +42,7 @@ HARNESS_ARGS = (
     "--page-size", "1",                 # DDTree requires it (its flag check); the same for AR and DFLASH
     "--sampling-backend", "pytorch",    # no real flashinfer on the GPU machine (a stand-in, README.md)
     "--context-length", "2048",         # the tiny models say 4096; the prompts need far less
-    "--cuda-graph-max-bs", str(MAX_RUNNING),  # capture only the batch sizes the harness uses
+    "--cuda-graph-max-bs-decode", str(MAX_RUNNING),  # decode/verify graphs only for the batch sizes used
     "--max-total-tokens", "65536",      # caps the KV pool: with many servers the profiled size is wrong
     "--max-mamba-cache-size", "64",     # caps the recurrent-state pool likewise (and the DDTree buffers)
     "--log-level", "info",
@@ -76,11 +76,11 @@ CORE = (
     Server("ddtree-b64-k8", "ddtree-b64", 64, 8),
     Server("ddtree-b64-k16", "ddtree-b64", 64, 16, tags=("sampling", "logprobs", "profile")),
     Server("nofork-b64-k16", "ddtree-b64-nofork", 64, 16, tags=("nofork",)),
+    Server("ddtree-b64-k16-eager", "ddtree-b64", 64, 16, variant=("--disable-cuda-graph",)),
 )
 # Call 2 ("extra"): the other paths, the AR reference again, and the project's gates on text.
 EXTRA = (
     Server("ar", "ar"),
-    Server("ddtree-b64-k16-eager", "ddtree-b64", 64, 16, variant=("--disable-cuda-graph",)),
     Server("ddtree-b64-k16-nooverlap", "ddtree-b64", 64, 16, variant=("--disable-overlap-schedule",),
            tags=("profile",)),
     Server("ddtree-b15-k8-nooverlap-eager", "ddtree-b15", 15, 8,
@@ -90,7 +90,25 @@ EXTRA = (
     Server("gate-dflash-b16", "dflash-b16", role="gate"),
     Server("gate-ddtree-b64", "ddtree-b64", role="gate"),
 )
-SETS = {"core": CORE, "extra": EXTRA, "all": CORE + tuple(s for s in EXTRA if s.name != "ar")}
+# Call 3 ("final", after calls 1-2 found that budgets above 15 cannot start with CUDA graphs, FINDINGS.md F1):
+# budgets 32 and 64 eager, budget 15 with graphs against itself eager and with overlap off, the leak, the AR
+# reference without the radix cache (its Rust tree panics on the scoring prefills, F2), the gates.
+EAGER = ("--disable-cuda-graph",)
+FINAL = (
+    Server("ar", "ar", variant=("--disable-radix-cache",), tags=("reference",)),
+    Server("ddtree-b15-k8", "ddtree-b15", 15, 8, tags=("sampling", "logprobs", "profile")),
+    Server("ddtree-b15-k8-eager", "ddtree-b15", 15, 8, variant=EAGER),
+    Server("ddtree-b15-k8-nooverlap", "ddtree-b15", 15, 8, variant=("--disable-overlap-schedule",)),
+    Server("ddtree-b32-k8-eager", "ddtree-b32", 32, 8, variant=EAGER),
+    Server("ddtree-b32-k16-eager", "ddtree-b32", 32, 16, variant=EAGER),
+    Server("ddtree-b64-k8-eager", "ddtree-b64", 64, 8, variant=EAGER),
+    Server("ddtree-b64-k16-eager", "ddtree-b64", 64, 16, variant=EAGER, tags=("sampling", "logprobs")),
+    Server("nofork-b64-k16-eager", "ddtree-b64-nofork", 64, 16, variant=EAGER, tags=("nofork",)),
+    Server("gate-ar", "ar", role="gate"),
+    Server("gate-ddtree-b15", "ddtree-b15", role="gate"),
+)
+SETS = {"core": CORE, "extra": EXTRA, "final": FINAL,
+        "all": CORE + tuple(s for s in EXTRA if s.name != "ar")}
 
 
 def _overrides(server: Server, config: spec.Config, port: int) -> dict:

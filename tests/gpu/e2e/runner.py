@@ -184,7 +184,7 @@ def generate(port: int, ids: list[int], max_new: int = MAX_NEW, temperature: flo
 
 def score_prefix(port: int, prompt: list[int], output: list[int]) -> list:
     """AR top log-probs at every output position of prompt + output (one prefill)."""
-    body = {"input_ids": prompt + output, "sampling_params": {"temperature": 0.0, "max_new_tokens": 1},
+    body = {"input_ids": prompt + output, "sampling_params": {"temperature": 0.0, "max_new_tokens": 2},
             "return_logprob": True, "top_logprobs_num": TOP_N, "logprob_start_len": len(prompt)}
     meta = http(port, "/generate", body, 180.0).get("meta_info", {})
     return [[[e[0], e[1]] for e in (step or []) if e is not None] for step in (meta.get("input_top_logprobs") or [])]
@@ -313,7 +313,30 @@ def align_offset(ar_out: list, ar_scores: list) -> int:
     return best
 
 
+def log_counts(server: ServerProc) -> dict:
+    """Decode log lines of the server that say whether the step ran from a CUDA graph."""
+    try:
+        text = server.log_path.read_text(errors="replace")
+    except OSError:
+        return {}
+    return {"decode_lines_cuda_graph": text.count("cuda graph: True"),
+            "decode_lines_eager": text.count("cuda graph: False")}
+
+
+def analyse_paths(servers: dict, results: dict) -> None:
+    for name, s in servers.items():
+        r = results.get(name, {})
+        r.update(log_counts(s))
+        rows, batch_sizes, errs = path_rows(s)
+        if rows:
+            r["paths"] = stats.path_statistics(rows)
+            r["paths"]["batch_sizes"] = batch_sizes
+        if errs:
+            r["path_log_errors"] = errs[:5]
+
+
 def analyse(servers: dict, results: dict, ps: list, deadline: float) -> None:
+    analyse_paths(servers, results)
     ar = results.get("ar", {}).get("experiment")
     if not ar:
         return
@@ -321,7 +344,11 @@ def analyse(servers: dict, results: dict, ps: list, deadline: float) -> None:
     ar_port = servers["ar"].port
     # AR's own outputs scored by AR prefill: the alignment and the AR decode-vs-prefill baseline.
     ar_scores = run_batch(ar_port, [(p, o.get("ids") or []) for p, o in zip(ps, ar_greedy, strict=False)], score_prefix)
-    off = align_offset(ar_greedy, ar_scores)
+    bad = [x["error"] for x in ar_scores if isinstance(x, dict)]
+    if bad:
+        results["ar"]["scoring_errors"] = bad[:3]
+        ar_scores = None
+    off = align_offset(ar_greedy, ar_scores) if ar_scores else 0
     results["ar"]["prefill_offset"] = off
     for name, s in servers.items():
         r = results.get(name, {})
@@ -332,10 +359,13 @@ def analyse(servers: dict, results: dict, ps: list, deadline: float) -> None:
         verdicts = [stats.compare_greedy(a.get("ids") or [], a.get("top") or [], c.get("ids") or [])
                     for a, c in zip(ar_greedy, cand, strict=False)]
         r["lossless"] = stats.summarize_lossless(verdicts)
-        if name == "ar":
+        if name == "ar" or ar_scores is None:
             scores = ar_scores
         elif time.time() < deadline - 30:
             scores = run_batch(ar_port, [(p, c.get("ids") or []) for p, c in zip(ps, cand, strict=False)], score_prefix)
+            if any(isinstance(x, dict) for x in scores):
+                r["scoring_errors"] = [x["error"] for x in scores if isinstance(x, dict)][:3]
+                scores = None
         else:
             scores = None
         if scores is not None:
@@ -349,12 +379,6 @@ def analyse(servers: dict, results: dict, ps: list, deadline: float) -> None:
         r["accept_length_mean"] = round(sum(acc) / len(acc), 4) if acc else None
         r["server_hist"] = stats.merge_histograms(c.get("hist") for c in cand)
         r["errors"] = [c["error"] for c in cand if "error" in c][:5]
-        rows, batch_sizes, errs = path_rows(s)
-        if rows:
-            r["paths"] = stats.path_statistics(rows)
-            r["paths"]["batch_sizes"] = batch_sizes
-        if errs:
-            r["path_log_errors"] = errs[:5]
         if "logprobs" in ex:
             lp = ex["logprobs"]
             same = sum(1 for a, b in zip(lp, cand, strict=False) if a.get("ids") == b.get("ids"))
@@ -462,8 +486,12 @@ def main(argv: list[str] | None = None) -> int:
         if time.time() < args.deadline - 20:
             try:
                 analyse(servers, results, ps, args.deadline)
-            except Exception as err:  # noqa: BLE001
-                results["analyse_error"] = f"{type(err).__name__}: {str(err)[:500]}"
+            except Exception:  # noqa: BLE001
+                import traceback
+
+                results["analyse_error"] = traceback.format_exc()[-1500:]
+        else:
+            analyse_paths(servers, results)
         for s in servers.values():
             if s.status == "serving" and s.proc.poll() is not None:
                 results[s.name]["died"] = s.proc.returncode
@@ -480,6 +508,8 @@ def main(argv: list[str] | None = None) -> int:
             for s in servers.values():
                 if s.log_path.exists():
                     tar.add(s.log_path, arcname=s.log_path.name)
+                for f in sorted(s.path_log.glob("paths-*.jsonl")):
+                    tar.add(f, arcname=f"paths/{s.name}/{f.name}")
     return 0
 
 
