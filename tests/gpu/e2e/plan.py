@@ -107,7 +107,15 @@ FINAL = (
     Server("gate-ar", "ar", role="gate"),
     Server("gate-ddtree-b15", "ddtree-b15", role="gate"),
 )
-SETS = {"core": CORE, "extra": EXTRA, "final": FINAL,
+# Call 4 ("gates"): the gates again with the fixed test tokenizer (call 3: an empty smoke answer), and overlap
+# scheduling off without the radix cache (call 3: the Rust radix tree refused its insert, F2).
+GATES = (
+    Server("gate-ar", "ar", role="gate"),
+    Server("gate-ddtree-b15", "ddtree-b15", role="gate"),
+    Server("ddtree-b15-k8-nooverlap", "ddtree-b15", 15, 8,
+           variant=("--disable-overlap-schedule", "--disable-radix-cache"), tags=("profile",)),
+)
+SETS = {"core": CORE, "extra": EXTRA, "final": FINAL, "gates": GATES,
         "all": CORE + tuple(s for s in EXTRA if s.name != "ar")}
 
 

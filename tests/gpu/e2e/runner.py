@@ -432,6 +432,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--releases", type=Path, default=ROOT / "releases")
     ap.add_argument("--site", default=str(ROOT / "site"))
     ap.add_argument("--only", help="comma-separated server names (default: all in the plan)")
+    ap.add_argument("--serve-margin", type=float, default=120.0,
+                    help="seconds before the deadline by which a server must serve (default 120)")
     args = ap.parse_args(argv)
     plan = json.loads(args.plan.read_text())
     entries = plan["servers"]
@@ -453,7 +455,7 @@ def main(argv: list[str] | None = None) -> int:
     say(f"started {len(servers)} servers")
     try:
         pending = set(servers)
-        while pending and time.time() < args.deadline - 120:
+        while pending and time.time() < args.deadline - args.serve_margin:
             for n in list(pending):
                 st = servers[n].poll()
                 if st != "starting":

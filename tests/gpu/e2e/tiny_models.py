@@ -32,10 +32,12 @@ def _tokenizer(vocab: int):
     from transformers import PreTrainedTokenizerFast
 
     words = {"<|endoftext|>": 0, **{f"w{i}": i for i in range(1, vocab)}}
-    raw = Tokenizer(models.WordLevel(vocab=words, unk_token="<|endoftext|>"))
+    # Unknown words (every word of a text prompt, e.g. the gates' smoke prompt) become the ordinary token w1,
+    # not EOS: a prompt of EOS tokens makes the random target answer EOS only, an empty text.
+    raw = Tokenizer(models.WordLevel(vocab=words, unk_token="w1"))
     raw.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tok = PreTrainedTokenizerFast(tokenizer_object=raw, eos_token="<|endoftext|>", bos_token="<|endoftext|>",
-                                  unk_token="<|endoftext|>", pad_token="<|endoftext|>")
+                                  pad_token="<|endoftext|>")
     if len(tok) != vocab:
         raise SystemExit(f"tokenizer has {len(tok)} tokens, expected {vocab}")
     return tok
