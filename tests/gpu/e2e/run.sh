@@ -15,6 +15,10 @@ HERE=tests/gpu/e2e
 mkdir -p "$OUT" "$R"
 exec > >(tee -a "$OUT/run.log") 2>&1
 el() { echo "[t+$(( $(date +%s) - T0 ))s] $*"; }
+if [ "$BUDGET" -lt 300 ]; then
+  echo "run.sh: SECONDS $BUDGET: give at least 300 (install about 35 s, server starts 100-170 s, experiments)" >&2
+  exit 2
+fi
 [ -f "$B/plan-$SET.json" ] || { echo "run.sh: $B/plan-$SET.json missing: run make gpu-server-bundle and carry $B" >&2; exit 2; }
 el "set $SET, budget ${BUDGET}s; $(date -u +%FT%TZ)"
 nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv,noheader
