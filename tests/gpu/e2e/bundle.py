@@ -121,27 +121,26 @@ def make_overlay(key: str, base_wheel: Path, wheel: Path, out: Path, work: Path)
     return meta
 
 
-def make_sgl_kernel(out: Path, work: Path) -> None:
-    dl = work / "sk"
-    pip_download(dl, SGL_KERNEL)
-    wheel = next(dl.glob("sglang_kernel-0.4.6-*.whl"))
-    tree = work / "sk046"
-    with zipfile.ZipFile(wheel) as z:
+def fetch_part(requirement: str, pattern: str, dest: Path, work: Path, keep) -> None:
+    """pip-download one wheel (``pattern`` globs its file name) and extract the members ``keep(name)`` accepts."""
+    dl = work / f"dl-{dest.name}"
+    pip_download(dl, requirement)
+    with zipfile.ZipFile(next(dl.glob(pattern))) as z:
         for info in z.infolist():
-            if not info.filename.startswith(SGL_KERNEL_SKIP):
-                z.extract(info, tree)
+            if keep(info.filename):
+                z.extract(info, dest)
+
+
+def make_sgl_kernel(out: Path, work: Path) -> None:
+    tree = work / "sk046"
+    fetch_part(SGL_KERNEL, "sglang_kernel-0.4.6-*.whl", tree, work, lambda n: not n.startswith(SGL_KERNEL_SKIP))
     _xz(out / "sgl_kernel_046_sm90.tar.xz", tree, sorted(x.name for x in tree.iterdir()))
 
 
 def make_flashinfer_standin(out: Path, work: Path) -> None:
-    dl = work / "fi"
-    pip_download(dl, FLASHINFER)
-    wheel = next(dl.glob("flashinfer_python-0.7.2-*.whl"))
     tree = work / "fi-standin"
-    with zipfile.ZipFile(wheel) as z:
-        for info in z.infolist():
-            if info.filename.startswith("flashinfer/data/include/"):
-                z.extract(info, tree)
+    fetch_part(FLASHINFER, "flashinfer_python-0.7.2-*.whl", tree, work,
+               lambda n: n.startswith("flashinfer/data/include/"))
     for d in FLASHINFER_EMPTY:
         (tree / d).mkdir(parents=True, exist_ok=True)
     for f in (HERE / "flashinfer_standin").glob("*.py"):
