@@ -189,3 +189,8 @@ patch-work: $(STAMP) ## Unpack pristine SGLang + patches/sglang/src + the series
 patch-diff: $(STAMP) ## Write build/patchwork/tree's edits back into PATCH=0002-... (its header kept)
 	@if [ -z "$$PATCH" ]; then echo "PATCH is required, e.g. make patch-diff PATCH=0002-ddtree-recurrent-state-forking" >&2; exit 2; fi
 	@$(SGDEPLOY) patchwork diff --patch "$$PATCH"
+
+# --- the patched server end to end on the H200 (tests/gpu/e2e/README.md) ---
+.PHONY: gpu-server-bundle
+gpu-server-bundle: $(STAMP) ## Prepare what the H200 end-to-end harness carries into .gpu-e2e/ (wheels, kernels, plans)
+	$(PY) tests/gpu/e2e/bundle.py --out .gpu-e2e

@@ -1,0 +1,208 @@
+"""The servers of the end-to-end harness, with the flags the project renders for their configs.
+
+Every server is one of the project's configs (``configs/*.yml``) rendered by ``sgdeploy.render.launch_args``
+(the ``ExecStart`` arguments of its unit, minus the interpreter), with the harness's overrides applied to
+the config *before* rendering, so that the renderer itself produces them:
+
+- the tiny test models (``source: path``, folders on the GPU machine) instead of the Hugging Face ones;
+- a port per server, ``mem_fraction_static`` / ``max_running_requests`` sized for many servers on one GPU;
+- DDTree budget and top-k cap per server (the experiment grid);
+- ``serving.extra_args``: ``HARNESS_ARGS`` (the same for every server, each one explained there) and the
+  variant's own flags (``--disable-cuda-graph``, ``--disable-overlap-schedule``).
+
+The release a server runs is a parameter too: ``features`` (patch features; default the config's own
+``patch_features``), one wheel per feature set, built by ``sgdeploy.wheel`` (bundle.py).
+
+    python tests/gpu/e2e/plan.py [--set core|extra|all] [--out plan.json]    (prints the plan as JSON)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[3]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from sgdeploy import render, spec  # noqa: E402
+
+DEVICE_ROOT = "/tmp/gpu-e2e"  # on the GPU machine (run.sh)
+MODELS = f"{DEVICE_ROOT}/models"
+BASE_PORT = 31000
+PORT_STEP = 10
+MEM_FRACTION = 0.5  # many servers on one GPU: see README.md, "Many servers on one GPU"
+MAX_RUNNING = 8
+
+# Flags every harness server gets on top of the rendered ones, and why.
+HARNESS_ARGS = (
+    "--page-size", "1",                 # DDTree requires it (its flag check); the same for AR and DFLASH
+    "--sampling-backend", "pytorch",    # no real flashinfer on the GPU machine (a stand-in, README.md)
+    "--context-length", "2048",         # the tiny models say 4096; the prompts need far less
+    "--cuda-graph-max-bs-decode", str(MAX_RUNNING),  # decode/verify graphs only for the batch sizes used
+    "--max-total-tokens", "65536",      # caps the KV pool: with many servers the profiled size is wrong
+    "--max-mamba-cache-size", "64",     # caps the recurrent-state pool likewise (and the DDTree buffers)
+    "--log-level", "info",
+)
+SKIP_TOKENIZER = ("--skip-tokenizer-init",)  # experiment servers take and return token ids
+
+
+@dataclass(frozen=True)
+class Server:
+    name: str
+    config: str
+    budget: int | None = None
+    topk_cap: int | None = None
+    variant: tuple[str, ...] = ()
+    features: tuple[str, ...] | None = None  # None: the config's own patch_features
+    role: str = "experiment"  # experiment (token ids, skip tokenizer) | gate (the config's text gates)
+    tags: tuple[str, ...] = field(default_factory=tuple)
+
+
+FULL = ("ddtree", "fork", "topk")
+
+# Call 1 ("core"): lossless + acceptance with CUDA graphs on and overlap scheduling on, batch 8.
+CORE = (
+    Server("ar", "ar"),
+    Server("ar-patched", "ar", features=FULL, tags=("ar_check",)),
+    Server("dflash", "dflash-b16", tags=("control",)),
+    Server("ddtree-b15-k4", "ddtree-b15", 15, 4),
+    Server("ddtree-b15-k8", "ddtree-b15", 15, 8, tags=("sampling",)),
+    Server("ddtree-b32-k8", "ddtree-b32", 32, 8),
+    Server("ddtree-b32-k16", "ddtree-b32", 32, 16),
+    Server("ddtree-b64-k8", "ddtree-b64", 64, 8),
+    Server("ddtree-b64-k16", "ddtree-b64", 64, 16, tags=("sampling", "logprobs", "profile")),
+    Server("nofork-b64-k16", "ddtree-b64-nofork", 64, 16, tags=("nofork",)),
+    Server("ddtree-b64-k16-eager", "ddtree-b64", 64, 16, variant=("--disable-cuda-graph",)),
+)
+# Call 2 ("extra"): the other paths, the AR reference again, and the project's gates on text.
+EXTRA = (
+    Server("ar", "ar"),
+    Server("ddtree-b64-k16-nooverlap", "ddtree-b64", 64, 16, variant=("--disable-overlap-schedule",),
+           tags=("profile",)),
+    Server("ddtree-b15-k8-nooverlap-eager", "ddtree-b15", 15, 8,
+           variant=("--disable-overlap-schedule", "--disable-cuda-graph")),
+    Server("nofork-b15-k8", "ddtree-b15-nofork", 15, 8, tags=("nofork",)),
+    Server("gate-ar", "ar", role="gate"),
+    Server("gate-dflash-b16", "dflash-b16", role="gate"),
+    Server("gate-ddtree-b64", "ddtree-b64", role="gate"),
+)
+# Call 3 ("final", after calls 1-2 found that budgets above 15 cannot start with CUDA graphs, FINDINGS.md F1):
+# budgets 32 and 64 eager, budget 15 with graphs against itself eager and with overlap off, the leak, the AR
+# reference without the radix cache (its Rust tree panics on the scoring prefills, F2), the gates.
+EAGER = ("--disable-cuda-graph",)
+FINAL = (
+    Server("ar", "ar", variant=("--disable-radix-cache",), tags=("reference",)),
+    Server("ddtree-b15-k8", "ddtree-b15", 15, 8, tags=("sampling", "logprobs", "profile")),
+    Server("ddtree-b15-k8-eager", "ddtree-b15", 15, 8, variant=EAGER),
+    Server("ddtree-b15-k8-nooverlap", "ddtree-b15", 15, 8, variant=("--disable-overlap-schedule",)),
+    Server("ddtree-b32-k8-eager", "ddtree-b32", 32, 8, variant=EAGER),
+    Server("ddtree-b32-k16-eager", "ddtree-b32", 32, 16, variant=EAGER),
+    Server("ddtree-b64-k8-eager", "ddtree-b64", 64, 8, variant=EAGER),
+    Server("ddtree-b64-k16-eager", "ddtree-b64", 64, 16, variant=EAGER, tags=("sampling", "logprobs")),
+    Server("nofork-b64-k16-eager", "ddtree-b64-nofork", 64, 16, variant=EAGER, tags=("nofork",)),
+    Server("gate-ar", "ar", role="gate"),
+    Server("gate-ddtree-b15", "ddtree-b15", role="gate"),
+)
+# Call 4 ("gates"): the gates again with the fixed test tokenizer (call 3: an empty smoke answer), and overlap
+# scheduling off without the radix cache (call 3: the Rust radix tree refused its insert, F2).
+GATES = (
+    Server("gate-ar", "ar", role="gate"),
+    Server("gate-ddtree-b15", "ddtree-b15", role="gate"),
+    Server("ddtree-b15-k8-nooverlap", "ddtree-b15", 15, 8,
+           variant=("--disable-overlap-schedule", "--disable-radix-cache"), tags=("profile",)),
+)
+SETS = {"core": CORE, "extra": EXTRA, "final": FINAL, "gates": GATES,
+        "all": CORE + tuple(s for s in EXTRA if s.name != "ar")}
+
+
+def _overrides(server: Server, config: spec.Config, port: int) -> dict:
+    extra = [*HARNESS_ARGS, *(SKIP_TOKENIZER if server.role == "experiment" else ()), *server.variant]
+    path_source = {"source": "path", "revision": None, "allow_patterns": None, "controller_path": None,
+                   "version": None}
+    out: dict = {
+        "model": {**path_source, "path": f"{MODELS}/target"},
+        "serving": {"port": port, "nccl_port": port + 1, "mem_fraction_static": MEM_FRACTION,
+                    "max_running_requests": MAX_RUNNING, "extra_args": extra, "forking_memory_gib": None},
+    }
+    if config.drafter is not None and config.speculative.algorithm != "NONE":
+        out["drafter"] = {**path_source, "path": f"{MODELS}/drafter"}
+    sp = {}
+    if server.budget is not None:
+        sp["budget"] = server.budget
+    if server.topk_cap is not None:
+        sp["topk_cap"] = server.topk_cap
+    if sp:
+        out["speculative"] = sp
+    return out
+
+
+def harness_config(server: Server, port: int) -> spec.Config:
+    """The server's config with the harness's overrides, validated by the project's own checks."""
+    path = spec.resolve(server.config)
+    base = spec.load(path)
+    merged = spec.deep_merge(spec.load_merged(path, path.parent), _overrides(server, base, port))
+    return spec.validate(merged, path, f"e2e-{server.name}")
+
+
+def server_entry(server: Server, index: int) -> dict:
+    port = BASE_PORT + PORT_STEP * index
+    config = harness_config(server, port)
+    host = render.HostSettings(release_label="e2e", bind_address="127.0.0.1")
+    args = render.launch_args(config, host)
+    features = tuple(server.features) if server.features is not None else config.patch_features
+    return {
+        "name": server.name, "config": server.config, "role": server.role, "port": port,
+        "algorithm": config.speculative.algorithm, "budget": config.speculative.budget,
+        "topk_cap": config.speculative.topk_cap, "state_forking": config.speculative.state_forking,
+        "features": list(features), "wheel": wheel_key(features), "tags": list(server.tags),
+        "variant": list(server.variant), "args": args, "env": dict(config.serving.env),
+        "gates": config.gates.as_mapping(), "speculative": config.speculative_enabled,
+    }
+
+
+def wheel_key(features: tuple[str, ...] | list[str]) -> str:
+    """The release folder name for a feature set: ``stock`` or the features joined by '-'."""
+    return "-".join(features) if features else "stock"
+
+
+def build(set_name: str = "core") -> dict:
+    if set_name not in SETS:
+        raise SystemExit(f"--set {set_name!r}: allowed: {', '.join(SETS)}")
+    servers = [server_entry(s, i) for i, s in enumerate(SETS[set_name])]
+    return {"set": set_name, "servers": servers, "wheels": sorted({s["wheel"] for s in servers}),
+            "models": MODELS, "harness_args": list(HARNESS_ARGS)}
+
+
+def all_wheels() -> dict[str, list[str]]:
+    """Every feature set any plan needs: {wheel key: features}."""
+    out = {}
+    for name in SETS:
+        for s in build(name)["servers"]:
+            out[s["wheel"]] = s["features"]
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--set", default="core", help=f"which servers: {', '.join(SETS)}")
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args(argv)
+    try:
+        plan = build(args.set)
+    except spec.ConfigError as err:
+        print(f"plan: {err}", file=sys.stderr)
+        return 2
+    text = json.dumps(plan, indent=1)
+    if args.out:
+        args.out.write_text(text + "\n")
+    else:
+        print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,46 @@
+#!/bin/bash
+# The end-to-end harness on the GPU machine (tests/gpu/e2e/README.md). From the repository root, with the
+# bundle (make gpu-server-bundle) carried as .gpu-e2e:
+#     bash tests/gpu/e2e/run.sh OUT [core|extra|all] [SECONDS]
+# SECONDS (default 540): everything, servers stopped and results written, ends within it.
+set -u
+OUT=${1:?usage: run.sh OUT [core|extra|all] [SECONDS]}
+SET=${2:-core}
+BUDGET=${3:-540}
+T0=$(date +%s)
+DEADLINE=$((T0 + BUDGET - 15))
+B=.gpu-e2e
+R=/tmp/gpu-e2e
+HERE=tests/gpu/e2e
+mkdir -p "$OUT" "$R"
+exec > >(tee -a "$OUT/run.log") 2>&1
+el() { echo "[t+$(( $(date +%s) - T0 ))s] $*"; }
+if [ "$BUDGET" -lt 300 ]; then
+  echo "run.sh: SECONDS $BUDGET: give at least 300 (install about 35 s, server starts 100-170 s, experiments)" >&2
+  exit 2
+fi
+[ -f "$B/plan-$SET.json" ] || { echo "run.sh: $B/plan-$SET.json missing: run make gpu-server-bundle and carry $B" >&2; exit 2; }
+el "set $SET, budget ${BUDGET}s; $(date -u +%FT%TZ)"
+nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv,noheader
+python3 -c 'import sys, torch, triton, transformers; print("python", sys.version.split()[0], "torch", torch.__version__, "triton", triton.__version__, "transformers", transformers.__version__)'
+for h in /usr/local/cuda /usr/local/cuda-*; do
+  if [ -x "$h/bin/nvcc" ]; then export CUDA_HOME=$h; break; fi
+done
+el "CUDA_HOME=${CUDA_HOME:-unset}"
+if [ ! -f "$R/site/.complete" ]; then
+  el "install: releases, sglang-kernel 0.4.6, wheels, flashinfer stand-in"
+  python3 "$HERE/releases.py" "$B" "$R/releases" || exit 1
+  mkdir -p "$R/site" "$R/fi-standin"
+  tar -C "$R/site" -xJf "$B/sgl_kernel_046_sm90.tar.xz" || exit 1
+  tar -C "$R/fi-standin" -xJf "$B/flashinfer_standin.tar.xz" || exit 1
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$R/site" \
+      "$B"/wheels/*.whl 2>&1 | grep -v -i warning
+  touch "$R/site/.complete"
+fi
+if [ ! -f "$R/models/drafter/config.json" ]; then
+  el "tiny models"
+  python3 "$HERE/tiny_models.py" "$R/models" 2>&1 | tail -n 1
+fi
+el "runner"
+python3 "$HERE/runner.py" --plan "$B/plan-$SET.json" --out "$OUT" --deadline "$DEADLINE" ${RUNNER_ARGS:-}
+el "done"

@@ -1,0 +1,519 @@
+"""Start the plan's servers at once on the GPU and run the experiments against them (GPU machine; run.sh calls it).
+
+    python tests/gpu/e2e/runner.py --plan .gpu-e2e/plan-core.json --out $OUT --deadline EPOCH
+
+Every server is ``python -m sglang.launch_server`` with the flags plan.py rendered, in its own process
+group, its output in ``/tmp/gpu-e2e/logs/<name>.log``. Experiments (each server in its own thread, each
+with 8 requests in flight; the servers have ``--max-running-requests 8``):
+
+- greedy: ``PROMPTS`` x ``MAX_NEW`` tokens as token ids; AR servers return their top log-probs; the
+  accepted-path log is on (e2e_hook);
+- losslessness against the ``ar`` server by the near-tie rule (stats.compare_greedy), and every token
+  of every candidate output against one AR prefill of prompt + output (stats.teacher_forced);
+- tag ``sampling``: temperature 1 requests, accept length; tag ``logprobs``: greedy with log-probs in
+  DDTree mode (same tokens as without, log-probs against AR's); tag ``profile``: SGLang's
+  ``/start_profile`` over a few batched decode steps, then trace_check (path log off);
+- role ``gate``: the project's own gates (``sgdeploy.gate.run_all``) on text, after the deploy's warm-up.
+
+Writes ``OUT/results.json`` (everything), ``OUT/summary.txt`` and ``OUT/logs.tar.xz``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import glob
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tarfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[2]
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(REPO))
+
+import e2e_stats as stats  # noqa: E402
+import trace_check  # noqa: E402
+
+ROOT = Path("/tmp/gpu-e2e")
+PROMPTS, MAX_NEW, CONCURRENCY, TOP_N = 64, 64, 8, 4
+SAMPLED_PROMPTS, LOGPROB_PROMPTS = 16, 16
+VOCAB = 16
+SEED = 2026
+
+_print_lock = threading.Lock()
+T0 = time.time()
+
+
+def say(*parts) -> None:
+    with _print_lock:
+        print(f"[t+{time.time() - T0:5.0f}s]", *parts, flush=True)
+
+
+def prompts(n: int = PROMPTS, seed: int = SEED) -> list[list[int]]:
+    """Token-id prompts: ids 1 .. VOCAB - 2 (0 is EOS, VOCAB - 1 the drafter's mask token)."""
+    rng = random.Random(seed)
+    return [[rng.randrange(1, VOCAB - 1) for _ in range(rng.randrange(4, 13))] for _ in range(n)]
+
+
+def http(port: int, path: str, body: dict | None = None, timeout: float = 120.0):
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data,
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        raw = r.read()
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return raw.decode(errors="replace")
+
+
+def healthy(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=3) as r:
+            return r.status == 200
+    except (OSError, urllib.error.URLError):
+        return False
+
+
+# --- servers ------------------------------------------------------------------------------------------------
+
+class ServerProc:
+    def __init__(self, entry: dict, releases: Path, site: str):
+        self.entry, self.name, self.port = entry, entry["name"], entry["port"]
+        self.log_path = ROOT / "logs" / f"{self.name}.log"
+        self.path_log = ROOT / "paths" / self.name
+        self.profile_dir = ROOT / "profile" / self.name
+        self.release = releases / entry["wheel"]
+        spec = entry["algorithm"] != "NONE"
+        pp = [str(self.release), site, str(HERE / "hook")]
+        if spec:
+            pp.append(str(ROOT / "fi-standin"))
+        self.env = dict(os.environ)
+        self.env.update(entry.get("env") or {})
+        self.env.update(
+            PYTHONPATH=":".join(pp), PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+            SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK="1", TVM_FFI_DISABLE_TORCH_C_DLPACK="1",
+            SGLANG_JIT_CACHE_DIR=str(ROOT / "jit-cache"), TRITON_CACHE_DIR=str(ROOT / "triton-cache"),
+            SGLANG_TORCH_PROFILER_DIR=str(self.profile_dir), SGDEPLOY_E2E_HOOK="1",
+            SGDEPLOY_E2E_PATH_LOG=str(self.path_log), OMP_NUM_THREADS="2")
+        if spec:
+            self.env["SGLANG_IS_FLASHINFER_AVAILABLE"] = "false"
+        self.proc: subprocess.Popen | None = None
+        self.started = self.ready_at = None
+        self.status = "not started"
+
+    def start(self) -> None:
+        for d in (self.log_path.parent, self.path_log, self.profile_dir):
+            d.mkdir(parents=True, exist_ok=True)
+        argv = [sys.executable, "-m", "sglang.launch_server", *self.entry["args"]]
+        self.log = open(self.log_path, "w")
+        self.log.write("$ " + " ".join(argv) + "\n")
+        self.log.flush()
+        self.started = time.time()
+        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, env=self.env,
+                                     start_new_session=True)
+        self.status = "starting"
+
+    def poll(self) -> str:
+        if self.status == "starting":
+            if self.proc.poll() is not None:
+                self.status = f"exited {self.proc.returncode} before serving"
+            elif healthy(self.port):
+                self.status, self.ready_at = "serving", time.time()
+        return self.status
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                self.proc.wait(timeout=10)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        self.log.close()
+
+    def errors(self, n: int = 12) -> list[str]:
+        try:
+            lines = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return []
+        keys = ("Error", "error", "Traceback", "raise ", "assert", "Exception", "Killed", "undefined")
+        hits = [ln for ln in lines if any(k in ln for k in keys)]
+        return (hits or lines)[-n:]
+
+    def startup_s(self) -> float | None:
+        return None if self.ready_at is None else round(self.ready_at - self.started, 1)
+
+
+# --- requests ------------------------------------------------------------------------------------------------
+
+def generate(port: int, ids: list[int], max_new: int = MAX_NEW, temperature: float = 0.0, logprobs: bool = False,
+             timeout: float = 180.0) -> dict:
+    body = {"input_ids": ids, "sampling_params": {"temperature": temperature, "max_new_tokens": max_new,
+                                                  "ignore_eos": True}}
+    if temperature > 0:
+        body["sampling_params"].update(top_p=1.0, top_k=-1)
+    if logprobs:
+        body.update(return_logprob=True, top_logprobs_num=TOP_N, logprob_start_len=len(ids))
+    t = time.time()
+    r = http(port, "/generate", body, timeout)
+    meta = r.get("meta_info", {})
+    out = {"ids": r.get("output_ids"), "s": round(time.time() - t, 3),
+           "accept_length": meta.get("spec_accept_length"), "verify_ct": meta.get("spec_verify_ct"),
+           "hist": meta.get("spec_correct_drafts_histogram"), "completion_tokens": meta.get("completion_tokens")}
+    if logprobs:
+        out["top"] = [[[e[0], e[1]] for e in (step or [])] for step in (meta.get("output_top_logprobs") or [])]
+        out["lp"] = [e[0] for e in (meta.get("output_token_logprobs") or [])]
+    return out
+
+
+def score_prefix(port: int, prompt: list[int], output: list[int]) -> list:
+    """AR top log-probs at every output position of prompt + output (one prefill)."""
+    body = {"input_ids": prompt + output, "sampling_params": {"temperature": 0.0, "max_new_tokens": 2},
+            "return_logprob": True, "top_logprobs_num": TOP_N, "logprob_start_len": len(prompt)}
+    meta = http(port, "/generate", body, 180.0).get("meta_info", {})
+    return [[[e[0], e[1]] for e in (step or []) if e is not None] for step in (meta.get("input_top_logprobs") or [])]
+
+
+def run_batch(port: int, jobs: list, fn) -> list:
+    with cf.ThreadPoolExecutor(CONCURRENCY) as pool:
+        futs = [pool.submit(fn, port, *j) for j in jobs]
+        out = []
+        for f in futs:
+            try:
+                out.append(f.result())
+            except Exception as err:  # noqa: BLE001
+                out.append({"error": f"{type(err).__name__}: {str(err)[:300]}"})
+        return out
+
+
+def path_rows(server: ServerProc) -> tuple[list, dict, list]:
+    rows, batch_sizes, errors = [], {}, []
+    for f in glob.glob(str(server.path_log / "paths-*.jsonl")):
+        for line in open(f):
+            rec = json.loads(line)
+            if "error" in rec:
+                errors.append(rec["error"])
+                continue
+            rows.extend(rec["rows"])
+            bs = str(len(rec["rows"]))
+            batch_sizes[bs] = batch_sizes.get(bs, 0) + 1
+    return rows, dict(sorted(batch_sizes.items(), key=lambda kv: int(kv[0]))), errors
+
+
+def experiment(server: ServerProc, ps: list[list[int]], deadline: float) -> dict:
+    e, port = server.entry, server.port
+    res: dict = {}
+    is_ar = e["algorithm"] == "NONE"
+    (server.path_log / "on").touch()
+    t = time.time()
+    res["greedy"] = run_batch(port, [(p, MAX_NEW, 0.0, is_ar) for p in ps], generate)
+    res["greedy_wall_s"] = round(time.time() - t, 2)
+    (server.path_log / "on").unlink(missing_ok=True)
+    say(server.name, f"greedy done in {res['greedy_wall_s']} s")
+    tags = e["tags"]
+    if "sampling" in tags and time.time() < deadline - 60:
+        samp = run_batch(port, [(p, MAX_NEW, 1.0, False) for p in ps[:SAMPLED_PROMPTS]], generate)
+        acc = [s["accept_length"] for s in samp if s.get("accept_length")]
+        res["sampling"] = {"requests": len(samp), "errors": [s["error"] for s in samp if "error" in s],
+                           "accept_length_mean": round(sum(acc) / len(acc), 4) if acc else None,
+                           "hist": stats.merge_histograms(s.get("hist") for s in samp),
+                           "tokens_valid": all(all(0 <= t < VOCAB for t in (s.get("ids") or [])) for s in samp)}
+    if "logprobs" in tags and time.time() < deadline - 60:
+        res["logprobs"] = run_batch(port, [(p, MAX_NEW, 0.0, True) for p in ps[:LOGPROB_PROMPTS]], generate)
+    if "profile" in tags and time.time() < deadline - 90:
+        res["profile"] = profile(server, ps)
+    return res
+
+
+def profile(server: ServerProc, ps: list[list[int]]) -> dict:
+    port = server.port
+    try:
+        http(port, "/start_profile", {"output_dir": str(server.profile_dir), "num_steps": 10,
+                                      "activities": ["CPU", "GPU"]}, 60)
+        run_batch(port, [(p, MAX_NEW, 0.0, False) for p in ps[:CONCURRENCY]], generate)
+        traces: list[str] = []
+        for i in range(40):
+            if i == 15:  # fewer steps than num_steps ran: stop it by hand
+                try:
+                    http(port, "/stop_profile", {}, 60)
+                except Exception:  # noqa: BLE001 - already stopped
+                    pass
+            traces = glob.glob(str(server.profile_dir / "**" / "*.trace.json*"), recursive=True)
+            if traces:
+                time.sleep(3)
+                break
+            time.sleep(1)
+        if not traces:
+            return {"error": "no trace file written",
+                    "files": sorted(str(p.relative_to(server.profile_dir)) for p in server.profile_dir.rglob("*"))[:20]}
+        for _ in range(10):
+            try:
+                trace = trace_check.load_trace(sorted(traces)[-1])
+                break
+            except (OSError, EOFError, ValueError):  # still being written
+                time.sleep(2)
+        out = trace_check.check(trace)
+        out["trace"] = os.path.basename(sorted(traces)[-1])
+        return out
+    except Exception as err:  # noqa: BLE001
+        return {"error": f"{type(err).__name__}: {str(err)[:300]}"}
+
+
+def gates(server: ServerProc) -> dict:
+    from sgdeploy import gate, serving
+
+    url = f"http://127.0.0.1:{server.port}"
+    e = server.entry
+    th = gate.GateThresholds.from_mapping(e["gates"])
+    warm = serving.warmup(url, th.warmup_requests, 32, timeout=120)
+    report = gate.run_all(url, th, e["speculative"], bench_timeout=180)
+    metrics = {}
+    try:
+        text = http(server.port, "/metrics", None, 10)
+        metrics = {k: v for k, v in serving.parse_metrics(text).items() if "spec" in k or "num_running" in k
+                   or "num_queue" in k or "gen_throughput" in k}
+        in_flight = serving.in_flight(url)
+    except Exception as err:  # noqa: BLE001
+        in_flight = f"{type(err).__name__}: {err}"
+    return {"warmup": warm.to_dict(), "report": report.to_dict(), "summary": report.summary(),
+            "metrics": metrics, "in_flight": in_flight}
+
+
+# --- analysis ---------------------------------------------------------------------------------------------------
+
+def align_offset(ar_out: list, ar_scores: list) -> int:
+    """0 or 1: how input_top_logprobs lines up with the output tokens (checked on AR's own tokens)."""
+    best, best_hits = 0, -1
+    for off in (0, 1):
+        hits = 0
+        for o, sc in zip(ar_out, ar_scores, strict=False):
+            ids = o.get("ids") or []
+            for i, tok in enumerate(ids):
+                j = i + off
+                if j < len(sc) and sc[j] and max(sc[j], key=lambda x: x[0])[1] == tok:
+                    hits += 1
+        if hits > best_hits:
+            best, best_hits = off, hits
+    return best
+
+
+def log_counts(server: ServerProc) -> dict:
+    """Decode log lines of the server that say whether the step ran from a CUDA graph."""
+    try:
+        text = server.log_path.read_text(errors="replace")
+    except OSError:
+        return {}
+    return {"decode_lines_cuda_graph": text.count("cuda graph: True"),
+            "decode_lines_eager": text.count("cuda graph: False")}
+
+
+def analyse_paths(servers: dict, results: dict) -> None:
+    for name, s in servers.items():
+        r = results.get(name, {})
+        r.update(log_counts(s))
+        rows, batch_sizes, errs = path_rows(s)
+        if rows:
+            r["paths"] = stats.path_statistics(rows)
+            r["paths"]["batch_sizes"] = batch_sizes
+        if errs:
+            r["path_log_errors"] = errs[:5]
+
+
+def analyse(servers: dict, results: dict, ps: list, deadline: float) -> None:
+    analyse_paths(servers, results)
+    ar = results.get("ar", {}).get("experiment")
+    if not ar:
+        return
+    ar_greedy = ar["greedy"]
+    ar_port = servers["ar"].port
+    # AR's own outputs scored by AR prefill: the alignment and the AR decode-vs-prefill baseline.
+    ar_scores = run_batch(ar_port, [(p, o.get("ids") or []) for p, o in zip(ps, ar_greedy, strict=False)], score_prefix)
+    bad = [x["error"] for x in ar_scores if isinstance(x, dict)]
+    if bad:
+        results["ar"]["scoring_errors"] = bad[:3]
+        ar_scores = None
+    off = align_offset(ar_greedy, ar_scores) if ar_scores else 0
+    results["ar"]["prefill_offset"] = off
+    for name, s in servers.items():
+        r = results.get(name, {})
+        ex = r.get("experiment")
+        if not ex or s.entry["role"] != "experiment":
+            continue
+        cand = ex["greedy"]
+        verdicts = [stats.compare_greedy(a.get("ids") or [], a.get("top") or [], c.get("ids") or [])
+                    for a, c in zip(ar_greedy, cand, strict=False)]
+        r["lossless"] = stats.summarize_lossless(verdicts)
+        if name == "ar" or ar_scores is None:
+            scores = ar_scores
+        elif time.time() < deadline - 30:
+            scores = run_batch(ar_port, [(p, c.get("ids") or []) for p, c in zip(ps, cand, strict=False)], score_prefix)
+            if any(isinstance(x, dict) for x in scores):
+                r["scoring_errors"] = [x["error"] for x in scores if isinstance(x, dict)][:3]
+                scores = None
+        else:
+            scores = None
+        if scores is not None:
+            tf = [stats.teacher_forced(c.get("ids") or [], (sc or [])[off:]) for c, sc in zip(cand, scores, strict=False)]
+            r["teacher_forced"] = {
+                "tokens_checked": sum(x["checked"] for x in tf), "near_ties": sum(x["near_ties"] for x in tf),
+                "outside_rule": sum(x["outside_rule"] for x in tf),
+                "prompts_outside": sum(1 for x in tf if x["outside_rule"]),
+                "worst_gap": max((x["worst_gap"] for x in tf if x["worst_gap"] is not None), default=None)}
+        acc = [c["accept_length"] for c in cand if c.get("accept_length")]
+        r["accept_length_mean"] = round(sum(acc) / len(acc), 4) if acc else None
+        r["server_hist"] = stats.merge_histograms(c.get("hist") for c in cand)
+        r["errors"] = [c["error"] for c in cand if "error" in c][:5]
+        if "logprobs" in ex:
+            lp = ex["logprobs"]
+            same = sum(1 for a, b in zip(lp, cand, strict=False) if a.get("ids") == b.get("ids"))
+            diffs = []
+            for a, arr in zip(lp, ar_greedy, strict=False):
+                n = stats.first_difference(a.get("ids") or [], arr.get("ids") or [])
+                n = len(a.get("ids") or []) if n is None else n
+                diffs += [abs(x - y) for x, y in zip((a.get("lp") or [])[:n], (arr.get("lp") or [])[:n], strict=False)
+                          if x is not None and y is not None]
+            r["logprobs_check"] = {"requests": len(lp), "same_tokens_as_without": same,
+                                   "errors": [a["error"] for a in lp if "error" in a][:3],
+                                   "max_abs_logprob_diff_vs_ar": round(max(diffs), 6) if diffs else None,
+                                   "tokens_compared": len(diffs)}
+        ex_small = {k: v for k, v in ex.items() if k not in ("greedy", "logprobs")}
+        r["experiment_summary"] = ex_small
+
+
+def summary_lines(results: dict) -> list[str]:
+    lines = []
+    for name, r in results.items():
+        if not isinstance(r, dict) or "status" not in r:
+            continue
+        parts = [f"{name:<30}", r["status"], f"start {r.get('startup_s')} s"]
+        lo = r.get("lossless")
+        if lo:
+            parts.append(f"equal {lo['equal']}/{lo['prompts']} near-tie {lo['near_tie']} outside {lo['outside_rule']}")
+        tf = r.get("teacher_forced")
+        if tf:
+            parts.append(f"tf-outside {tf['outside_rule']}/{tf['tokens_checked']}")
+        if r.get("accept_length_mean"):
+            parts.append(f"accept {r['accept_length_mean']}")
+        p = r.get("paths")
+        if p:
+            parts.append(f"nonfirst {p['nonfirst_sibling_share']} 2+ {p['two_plus_share']} bs {p['batch_sizes']}")
+        ex = r.get("experiment_summary") or {}
+        if "sampling" in ex:
+            parts.append(f"T=1 accept {ex['sampling']['accept_length_mean']}")
+        if "profile" in ex:
+            parts.append(f"profile: {ex['profile'].get('verdict') or ex['profile'].get('error')}")
+        if r.get("gates"):
+            parts.append("gates: " + "; ".join(g["gate"] + " " + g["verdict"] for g in r["gates"]["report"]["gates"]))
+        lines.append(" | ".join(str(x) for x in parts))
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--plan", required=True, type=Path)
+    ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--deadline", required=True, type=float, help="epoch seconds: everything done by then")
+    ap.add_argument("--releases", type=Path, default=ROOT / "releases")
+    ap.add_argument("--site", default=str(ROOT / "site"))
+    ap.add_argument("--only", help="comma-separated server names (default: all in the plan)")
+    ap.add_argument("--serve-margin", type=float, default=120.0,
+                    help="seconds before the deadline by which a server must serve (default 120)")
+    args = ap.parse_args(argv)
+    plan = json.loads(args.plan.read_text())
+    entries = plan["servers"]
+    if args.only:
+        keep = set(args.only.split(","))
+        entries = [e for e in entries if e["name"] in keep]
+    args.out.mkdir(parents=True, exist_ok=True)
+    results: dict = {"plan": plan["set"], "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                     "prompts": PROMPTS, "max_new": MAX_NEW, "concurrency": CONCURRENCY,
+                     "tie_tolerance_nats": stats.TIE_TOLERANCE_NATS}
+
+    def save() -> None:
+        (args.out / "results.json").write_text(json.dumps(results, indent=1, default=str))
+
+    servers = {e["name"]: ServerProc(e, args.releases, args.site) for e in entries}
+    for s in servers.values():
+        s.start()
+        results[s.name] = {"status": "starting", "args": s.entry["args"], "wheel": s.entry["wheel"]}
+    say(f"started {len(servers)} servers")
+    try:
+        pending = set(servers)
+        while pending and time.time() < args.deadline - args.serve_margin:
+            for n in list(pending):
+                st = servers[n].poll()
+                if st != "starting":
+                    pending.discard(n)
+                    results[n].update(status=st, startup_s=servers[n].startup_s())
+                    if st != "serving":
+                        results[n]["log_errors"] = servers[n].errors()
+                    say(n, st, servers[n].startup_s())
+            time.sleep(2)
+        for n in pending:
+            results[n].update(status="not serving by the deadline", log_errors=servers[n].errors())
+        save()
+        ps = prompts()
+        live = [s for s in servers.values() if s.status == "serving"]
+        with cf.ThreadPoolExecutor(len(live) or 1) as pool:
+            futs = {}
+            for s in live:
+                fn = experiment if s.entry["role"] == "experiment" else (lambda srv, *_: gates(srv))
+                futs[pool.submit(fn, s, ps, args.deadline)] = s
+            for f in cf.as_completed(futs):
+                s = futs[f]
+                key = "experiment" if s.entry["role"] == "experiment" else "gates"
+                try:
+                    results[s.name][key] = f.result()
+                except Exception as err:  # noqa: BLE001
+                    results[s.name][key + "_error"] = f"{type(err).__name__}: {str(err)[:500]}"
+                    results[s.name]["log_errors"] = s.errors()
+                say(s.name, key, "done")
+                save()
+        if time.time() < args.deadline - 20:
+            try:
+                analyse(servers, results, ps, args.deadline)
+            except Exception:  # noqa: BLE001
+                import traceback
+
+                results["analyse_error"] = traceback.format_exc()[-1500:]
+        else:
+            analyse_paths(servers, results)
+        for s in servers.values():
+            if s.status == "serving" and s.proc.poll() is not None:
+                results[s.name]["died"] = s.proc.returncode
+                results[s.name]["log_errors"] = s.errors()
+    finally:
+        for s in servers.values():
+            s.stop()
+        results["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        save()
+        lines = summary_lines(results)
+        (args.out / "summary.txt").write_text("\n".join(lines) + "\n")
+        print("\n".join(lines), flush=True)
+        with tarfile.open(args.out / "logs.tar.xz", "w:xz") as tar:
+            for s in servers.values():
+                if s.log_path.exists():
+                    tar.add(s.log_path, arcname=s.log_path.name)
+                for f in sorted(s.path_log.glob("paths-*.jsonl")):
+                    tar.add(f, arcname=f"paths/{s.name}/{f.name}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
