@@ -119,10 +119,10 @@ def role_models(tmp_path, config: str, root: str | None = None) -> list[dict]:
 
 
 def run_role(lab, tmp_path, config: str, *args: str, models: list[dict] | None = None, token: str | None = None,
-             **role_vars):
+             play_vars: dict | None = None, **role_vars):
     """Only the sglang_models role, for the models of `config` (as the deploy would pass them)."""
     items = models if models is not None else role_models(tmp_path, config)
-    play = [{"name": "models only", "hosts": HOST, "gather_facts": False,
+    play = [{"name": "models only", "hosts": HOST, "gather_facts": False, "vars": play_vars or {},
              "roles": [{"role": "sglang_models", "sglang_models_list": items, **role_vars}]}]
     playbook = tmp_path / "models-only.yml"
     playbook.write_text(json.dumps(play))
@@ -319,7 +319,7 @@ def test_a_slow_fetch_prints_progress_into_a_non_default_models_root(lab, fixtur
     try:
         start = time.monotonic()
         proc = run_role(lab, tmp_path, "lab-models-hf", token=TOKEN, models=items, sglang_models_root=ALT_MODELS,
-                        sglang_models_hf_endpoint=hub.url, sglang_models_progress_interval=2)
+                        sglang_models_hf_endpoint=hub.url, play_vars={"sglang_models_progress_interval": 2})
         took = time.monotonic() - start
     finally:
         hub.rate = None
@@ -390,7 +390,7 @@ class SecretWatch:
                         data = Path(f"/proc/{pid}/{what}").read_bytes()
                     except OSError:
                         continue
-                    if what == "cmdline" and b"sglang_model_fetch" in data and b"progress" not in data:
+                    if what == "cmdline" and (b"sglang_model_fetch.py" in data or b"sgdeploy.models\0fetch" in data):
                         self.saw_fetch = True
                     if self.secret in data:
                         self.seen.append(f"/proc/{pid}/{what}: {data[:200]!r}")

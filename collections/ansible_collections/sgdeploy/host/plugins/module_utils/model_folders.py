@@ -44,6 +44,12 @@ class UsageError(ModelError):
     """Bad arguments."""
 
 
+def os_error_line(what: str, exc: OSError) -> str:
+    """One line for a failed file operation: what was being done, the reason, the file."""
+    head = f"{what}: " if what else ""
+    return f"{head}{exc.strerror or exc}: {exc.filename or ''}".rstrip(": ")
+
+
 def local_dir(source: str, *, repo: str | None = None, revision: str | None = None, path: str | None = None,
               name: str | None = None, version: str | None = None, root: str = MODELS_ROOT) -> str:
     """The folder on the host the service loads from."""

@@ -16,6 +16,7 @@ from ansible_collections.sgdeploy.host.plugins.module_utils.model_folders import
     ModelError,
     files_summary,
     marker_summary,
+    os_error_line,
 )
 
 DOCUMENTATION = r"""
@@ -41,10 +42,6 @@ options:
     description: The model folder.
     type: path
     required: true
-  endpoint:
-    description: Hugging Face hub (or mirror) URL.
-    type: str
-    default: https://huggingface.co
   hf_token_file:
     description: A root-only file holding the hub token (M(sgdeploy.host.sglang_model_token)); empty for none.
     type: path
@@ -61,19 +58,13 @@ options:
     description: Resumes of one broken download within this run before failing.
     type: int
     default: 3
-  timeout:
-    description: Seconds one HTTP request may stall.
-    type: float
-    default: 60
   min_free_gb:
     description: Free space (GB) that must remain after the transfer.
     type: float
     default: 0
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: full
+extends_documentation_fragment:
+  - sgdeploy.host.model_attributes
+  - sgdeploy.host.model_attributes.hub
 """
 
 RETURN = r"""
@@ -139,8 +130,7 @@ def main() -> None:
     except ModelError as exc:
         module.fail_json(msg=str(exc), resumes=resumes)
     except OSError as exc:
-        module.fail_json(msg=f"model {p['repo']}@{p['revision']}: {exc.strerror or exc}: {exc.filename or ''}"
-                         .rstrip(": "), resumes=resumes)
+        module.fail_json(msg=os_error_line(f"model {p['repo']}@{p['revision']}", exc), resumes=resumes)
     files = result.pop("file_list")
     if result["changed"]:
         result["diff"] = {"before_header": str(dest), "after_header": str(dest), "before": before,

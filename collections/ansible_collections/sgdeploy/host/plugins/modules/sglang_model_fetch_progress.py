@@ -29,18 +29,15 @@ options:
     type: path
     required: true
   results_file:
-    description: The async job's results file (C(results_file) of the task started with C(poll: 0)).
+    description: The async job's results file (C(results_file) of the task started with C(poll=0)).
     type: path
     required: true
   wait:
     description: Seconds to wait at most before reporting.
     type: float
     default: 30
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: none
+extends_documentation_fragment:
+  - sgdeploy.host.model_attributes.read_only
 """
 
 RETURN = r"""

@@ -6,7 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.sgdeploy.host.plugins.module_utils.model_folders import ModelError, finish, marker_summary
+from ansible_collections.sgdeploy.host.plugins.module_utils.model_folders import (
+    ModelError,
+    finish,
+    marker_summary,
+    os_error_line,
+)
 
 DOCUMENTATION = r"""
 module: sglang_model_finish
@@ -38,11 +43,8 @@ options:
   owner:
     description: Owner of the folder and its files.
     type: str
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: full
+extends_documentation_fragment:
+  - sgdeploy.host.model_attributes
 """
 
 RETURN = r"""
@@ -78,7 +80,7 @@ def main() -> None:
     except ModelError as exc:
         module.fail_json(msg=str(exc))
     except OSError as exc:
-        module.fail_json(msg=f"model {p['name']}: {exc.strerror or exc}: {exc.filename or ''}".rstrip(": "))
+        module.fail_json(msg=os_error_line(f"model {p['name']}", exc))
     if result["changed"]:
         after = marker_summary(dest) if not module.check_mode else f"{dest}: controller {p['name']} {p['sha'][:16]}\n"
         result["diff"] = {"before_header": str(dest), "after_header": str(dest), "before": before, "after": after}

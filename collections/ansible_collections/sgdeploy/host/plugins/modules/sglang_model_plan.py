@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.sgdeploy.host.plugins.module_utils.hf_fetch import Hub
-from ansible_collections.sgdeploy.host.plugins.module_utils.model_folders import ModelError
+from ansible_collections.sgdeploy.host.plugins.module_utils.model_folders import ModelError, os_error_line
 from ansible_collections.sgdeploy.host.plugins.module_utils.model_plan import describe, plan
 
 DOCUMENTATION = r"""
@@ -22,10 +22,6 @@ options:
     type: list
     elements: dict
     required: true
-  endpoint:
-    description: Hugging Face hub (or mirror) URL.
-    type: str
-    default: https://huggingface.co
   hf_token:
     description: Hub token for gated or private repositories (never logged).
     type: str
@@ -33,18 +29,12 @@ options:
     description: Free space (GB) that must remain after the transfers.
     type: float
     default: 0
-  timeout:
-    description: Seconds one HTTP request may stall.
-    type: float
-    default: 60
   root:
     description: The models root; hf and controller folders must lie under it.
     type: path
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: none
+extends_documentation_fragment:
+  - sgdeploy.host.model_attributes.read_only
+  - sgdeploy.host.model_attributes.hub
 """
 
 RETURN = r"""
@@ -80,7 +70,7 @@ def main() -> None:
     except ModelError as exc:
         module.fail_json(msg=str(exc))
     except OSError as exc:
-        module.fail_json(msg=f"{exc.strerror or exc}: {exc.filename or ''}".rstrip(": "))
+        module.fail_json(msg=os_error_line("", exc))
     for item in items:
         item["text"] = describe(item, module.check_mode)
     module.exit_json(changed=False, models=items, bytes_to_transfer=sum(i["missing_bytes"] for i in items))

@@ -6,7 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.sgdeploy.host.plugins.module_utils.model_folders import folders_in_use, prunable, prune
+from ansible_collections.sgdeploy.host.plugins.module_utils.model_folders import (
+    folders_in_use,
+    os_error_line,
+    prunable,
+    prune,
+)
 
 DOCUMENTATION = r"""
 module: sglang_model_prune
@@ -29,11 +34,8 @@ options:
     type: list
     elements: path
     default: []
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: full
+extends_documentation_fragment:
+  - sgdeploy.host.model_attributes
 """
 
 RETURN = r"""
@@ -65,7 +67,7 @@ def main() -> None:
     try:
         removed = prunable(root, keep) if module.check_mode else prune(root, keep)
     except OSError as exc:
-        module.fail_json(msg=f"prune {root}: {exc.strerror or exc}: {exc.filename or ''}".rstrip(": "))
+        module.fail_json(msg=os_error_line(f"prune {root}", exc))
     result = {"changed": bool(removed), "removed": removed, "kept": sorted(keep)}
     if removed:
         result["diff"] = {"before": "".join(f"{r}\n" for r in removed), "after": ""}

@@ -16,7 +16,7 @@ description:
     and returns its path, so a background (async) fetch reads the token from there instead of from
     its arguments (Ansible copies an async module's arguments through a file on the controller).
   - With O(state=absent), removes O(path). Use it in an C(always) section.
-  - Reports no change: the file lives only as long as one fetch.
+  - Reports no change, since the file lives only as long as one fetch.
   - Pass the token to this module only over a pipelined connection (the project's ansible.cfg).
 options:
   hf_token:
@@ -30,11 +30,8 @@ options:
   path:
     description: The file to remove (O(state=absent)).
     type: path
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: none
+extends_documentation_fragment:
+  - sgdeploy.host.model_attributes.read_only
 """
 
 RETURN = r"""
