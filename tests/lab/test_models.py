@@ -260,7 +260,8 @@ def test_hub_download_resumes_then_a_second_run_transfers_nothing(lab, fixtures,
     # worker's patch edits change the release label).
     results = models_task_results(proc.stdout)
     assert not any("changed" in r for r in results.values()), results
-    assert set(results["sglang_models : Put the hub token in a root-only file for the fetch"]) == {"skipping"}, results
+    assert set(results["sglang_models : Fetch from the hub (resumable; verified; renamed into place when complete)"]) \
+        == {"skipping"}, results
 
 
 def test_not_enough_disk_fails_before_any_change(lab, fixtures, hub, tmp_path):

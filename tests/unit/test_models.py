@@ -186,6 +186,7 @@ def test_fetch_places_verified_files_and_a_marker_then_transfers_nothing(hub, tm
     dest = tmp_path / "models" / "lab-org--Tiny-Qwen3.6" / "main"
     rc, result = run_module("sglang_model_fetch", fetch_args(hub, dest, tmp_path), tmp_path)
     assert rc == 0, result
+    assert list((tmp_path / "run").iterdir()) == []  # the token file was removed once read
     files = hub_standin.tiny_model_files()
     wanted_bytes = sum(len(files[n]) for n in WANTED)
     assert result["changed"] is True and result["bytes_downloaded"] == wanted_bytes == hub.bytes_served

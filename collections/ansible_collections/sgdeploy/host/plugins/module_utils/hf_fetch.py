@@ -453,8 +453,8 @@ def write_token_file(token: str, directory: str = TOKEN_DIR) -> str:
     return path
 
 
-def read_token_file(path: str) -> str | None:
-    """The token in `path`, refusing a file others may read."""
+def read_token_file(path: str, remove: bool = False) -> str | None:
+    """The token in `path`, refusing a file others may read; with `remove`, the file is removed once read."""
     if not path:
         return None
     try:
@@ -462,6 +462,9 @@ def read_token_file(path: str) -> str | None:
         if st.st_mode & 0o077 or st.st_uid != os.geteuid():
             raise UsageError(f"hf_token_file {path}: must be readable by its owner only (mode 0600)")
         with open(path, encoding="utf-8") as fh:
-            return fh.read().strip() or None
+            token = fh.read().strip() or None
     except FileNotFoundError:
         raise UsageError(f"hf_token_file {path}: no such file") from None
+    if remove:
+        os.unlink(path)
+    return token

@@ -43,7 +43,9 @@ options:
     type: path
     required: true
   hf_token_file:
-    description: A root-only file holding the hub token (M(sgdeploy.host.sglang_model_token)); empty for none.
+    description:
+      - A root-only file holding the hub token (M(sgdeploy.host.sglang_model_token)); empty for none.
+      - The file is removed once read (not in check mode).
     type: path
     default: ""
   allow_patterns:
@@ -124,7 +126,8 @@ def main() -> None:
         if p["retries"] < 0:
             raise ModelError(f"retries: {p['retries']}: must be 0 or more")
         before = marker_summary(dest)
-        hub = Hub(p["endpoint"], read_token_file(p["hf_token_file"]), p["timeout"])
+        token = read_token_file(p["hf_token_file"], remove=not module.check_mode)
+        hub = Hub(p["endpoint"], token, p["timeout"])
         result = fetch(hub, p["repo"], p["revision"], dest, p["allow_patterns"] or None, p["owner"], p["retries"],
                        int(p["min_free_gb"] * 1e9), log=resumes.append, check_mode=module.check_mode)
     except ModelError as exc:
