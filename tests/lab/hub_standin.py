@@ -1,6 +1,7 @@
 """A stand-in for the Hugging Face hub on loopback (test equipment, standard library only).
 
-Serves the parts of the hub's HTTP API that `sgdeploy.models` uses:
+Serves the parts of the hub's HTTP API that the sgdeploy.host model modules use
+(collections/ansible_collections/sgdeploy/host/plugins/module_utils/hf_fetch.py):
 
     GET  /api/models/{org}/{name}/revision/{rev}[?blobs=true]   {"id", "sha", "siblings": [...]}
     GET  /{org}/{name}/resolve/{rev}/{file}                     the file, with Range (206) support
@@ -13,7 +14,8 @@ gets 401. Errors carry `X-Error-Code` (RepoNotFound, RevisionNotFound, EntryNotF
 
 Switches for tests: `cut_after` (bytes of one file body, after which the connection is closed once:
 a download cut midway), `fake_sizes` (a size to report for a file instead of its real one: a model
-too large for the disk). Counters: `bytes_served` (file bodies only), `requests` (method, path,
+too large for the disk), `rate` (bytes per second of file bodies: a slow link, for progress lines).
+Counters: `bytes_served` (file bodies only), `requests` (method, path,
 Range header).
 
     python tests/lab/hub_standin.py serve --bind 127.0.0.1 --port 0 [--token T] [--synthesize]
@@ -31,6 +33,7 @@ import re
 import struct
 import sys
 import threading
+import time
 import urllib.parse
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -127,6 +130,7 @@ class HubStandin:
         self.synthesize = synthesize
         self.repos: dict[str, list[Repo]] = {}
         self.cut_after: int | None = None
+        self.rate: float | None = None  # bytes per second of file bodies (a slow link), None: unlimited
         self.bytes_served = 0
         self.requests: list[tuple[str, str, str | None]] = []
         self.lock = threading.Lock()
@@ -316,6 +320,15 @@ class _Handler(BaseHTTPRequestHandler):
                 self.connection.shutdown(2)
             except OSError:
                 pass
+            return
+        if self.hub.rate:
+            step = max(1, int(self.hub.rate / 20))  # 20 writes a second
+            for i in range(0, len(body), step):
+                self.wfile.write(body[i:i + step])
+                self.wfile.flush()
+                with self.hub.lock:
+                    self.hub.bytes_served += len(body[i:i + step])
+                time.sleep(step / self.hub.rate)
             return
         self.wfile.write(body)
         with self.hub.lock:

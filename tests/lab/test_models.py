@@ -1,7 +1,7 @@
-"""Model and drafter weights on the host before the switch (issue 11), end to end in the lab.
+"""Model and drafter weights on the host before the switch (issues 11, 19, 20), end to end in the lab.
 
-Real ansible-playbook over SSH into the lab host, the real sgdeploy.models fetcher on the host
-talking HTTP to the hub stand-in (tests/lab/hub_standin.py) that this test process serves on
+Real ansible-playbook over SSH into the lab host, the real sgdeploy.host.sglang_model_* modules on
+the host talking HTTP to the hub stand-in (tests/lab/hub_standin.py) that this test process serves on
 127.0.0.1 (the lab hosts share this machine's network namespace), real systemd running the rendered
 unit with the simulated engine, which reads `<model-path>/config.json` to decide whether the model
 is hybrid. Order matters: later tests check that a failed models step leaves the service of an
@@ -13,8 +13,13 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import os
+import re
+import secrets
 import shutil
+import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -27,6 +32,7 @@ REPO = HERE.parents[1]
 CONFIGS = HERE / "configs"
 FIXTURES = REPO / "build" / "lab-fixtures" / "models"
 MODELS = "/var/lib/sglang/models"
+ALT_MODELS = "/srv/lab-models-alt/weights"  # a non-default sglang_models_root
 TOKEN = "hf_lab_standin_token"
 TARGET_COMMIT = "5e1f00000000000000000000000000000000aa01"
 DRAFT_COMMIT = "5e1f00000000000000000000000000000000bb01"
@@ -64,31 +70,65 @@ def fixtures(lab):
     return FIXTURES
 
 
-def deploy(lab, config: str, hub=None, **extra) -> tuple[object, float]:
+def vault_args(folder: Path, secret_vars: dict) -> list[str]:
+    """ansible-playbook arguments that pass `secret_vars` the way a user would: an Ansible Vault file.
+
+    The values are never in an argv, an environment or a plain file on the controller (issue 19).
+    """
+    from ansible.parsing.vault import VaultLib, VaultSecret
+
+    folder.mkdir(parents=True, exist_ok=True)
+    password = secrets.token_hex(16)
+    pw_file = folder / "vault-password"
+    pw_file.write_text(password)
+    pw_file.chmod(0o600)
+    vault = VaultLib([("default", VaultSecret(password.encode()))])
+    vars_file = folder / "secrets.yml"
+    vars_file.write_bytes(vault.encrypt(json.dumps(secret_vars)))
+    return ["-e", f"@{vars_file}", "--vault-password-file", str(pw_file)]
+
+
+SECRETS = Path(os.environ.get("TMPDIR", "/tmp")) / f"sgdeploy-lab-models-{os.getpid()}"
+
+
+def deploy(lab, config: str, hub=None, *args: str, token: str = TOKEN, **extra) -> tuple[object, float]:
     extra_vars = {"config": str(CONFIGS / f"{config}.yml")}
     if hub is not None:
-        extra_vars.update(sglang_models_hf_endpoint=hub.url, sglang_models_hf_token=TOKEN)
+        extra_vars.update(sglang_models_hf_endpoint=hub.url)
+        args = (*args, *vault_args(SECRETS / secrets.token_hex(4), {"sglang_models_hf_token": token}))
     extra_vars.update(extra)
     start = time.monotonic()
-    proc = lab.ansible_playbook("playbooks/deploy.yml", "--limit", HOST, extra_vars=extra_vars, check=False,
+    proc = lab.ansible_playbook("playbooks/deploy.yml", "--limit", HOST, *args, extra_vars=extra_vars, check=False,
                                 timeout=600)
     TIMINGS[config + f"#{len(TIMINGS)}"] = round(time.monotonic() - start, 1)
     return proc, time.monotonic() - start
 
 
-def run_role(lab, tmp_path, config: str, **role_vars):
-    """Only the sglang_models role, for the models of `config` (as the deploy would pass them)."""
-    import subprocess
-
+def role_models(tmp_path, config: str, root: str | None = None) -> list[dict]:
+    """The deploy description's models of `config`; with `root`, as rendered for that models root."""
     render = subprocess.run([sys.executable, "-m", "sgdeploy", "render", str(CONFIGS / f"{config}.yml"),
                              "--release", "x", "--no-verify", "--json", "--out", str(tmp_path / "render")],
                             capture_output=True, text=True, cwd=REPO, check=True)
-    play = [{"name": "models only", "hosts": HOST, "gather_facts": False,
-             "roles": [{"role": "sglang_models", "sglang_models_list": json.loads(render.stdout)["models"],
-                        **role_vars}]}]
+    items = json.loads(render.stdout)["models"]
+    if root:
+        for m in items:
+            if m["source"] in ("hf", "controller"):
+                assert m["local_dir"].startswith(MODELS + "/")
+                m["local_dir"] = root + m["local_dir"][len(MODELS):]
+    return items
+
+
+def run_role(lab, tmp_path, config: str, *args: str, models: list[dict] | None = None, token: str | None = None,
+             play_vars: dict | None = None, **role_vars):
+    """Only the sglang_models role, for the models of `config` (as the deploy would pass them)."""
+    items = models if models is not None else role_models(tmp_path, config)
+    play = [{"name": "models only", "hosts": HOST, "gather_facts": False, "vars": play_vars or {},
+             "roles": [{"role": "sglang_models", "sglang_models_list": items, **role_vars}]}]
     playbook = tmp_path / "models-only.yml"
     playbook.write_text(json.dumps(play))
-    return lab.ansible_playbook(playbook, check=False, timeout=300)
+    if token:
+        args = (*args, *vault_args(tmp_path / "secrets", {"sglang_models_hf_token": token}))
+    return lab.ansible_playbook(playbook, *args, check=False, timeout=300)
 
 
 def out(proc) -> str:
@@ -226,8 +266,7 @@ def test_hub_download_resumes_then_a_second_run_transfers_nothing(lab, fixtures,
 
 def test_not_enough_disk_fails_before_any_change(lab, fixtures, hub, tmp_path):
     hub.reset_counters()
-    proc = run_role(lab, tmp_path, "lab-models-huge", sglang_models_hf_endpoint=hub.url,
-                    sglang_models_hf_token=TOKEN)
+    proc = run_role(lab, tmp_path, "lab-models-huge", token=TOKEN, sglang_models_hf_endpoint=hub.url)
     text = out(proc)
     assert proc.returncode != 0
     assert "not enough disk for model lab-org/Huge-Model@main (10.0 PB" in text, text[-3000:]
@@ -241,6 +280,179 @@ def test_without_the_token_the_hub_refuses(lab, fixtures, hub, tmp_path):
     text = out(proc)
     assert proc.returncode != 0
     assert "401 unauthorized" in text and "no token was sent" in text and "sglang_models_hf_token" in text, text[-3000:]
+
+
+def progress_lines(text: str) -> list[tuple[int, str]]:
+    """The progress lines a fetch printed: (bytes done as printed, the line)."""
+    units = {"B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12}
+    out = []
+    pattern = r"fetch (lab-org/\S+): ([\d.]+) (B|KB|MB|GB|TB) of [\d.]+ [KMGT]?B, \d+ of \d+ files, \d+ s elapsed"
+    for m in re.finditer(pattern, text):
+        out.append((int(float(m.group(2)) * units[m.group(3)]), m.group(0)))
+    return out
+
+
+def test_check_mode_reports_what_would_be_fetched_and_changes_nothing(lab, fixtures, hub, tmp_path):
+    lab.ssh(HOST, "rm -rf /srv/lab-models-alt")
+    hub.reset_counters()
+    proc = run_role(lab, tmp_path, "lab-models-hf", "--check", "--diff", token=TOKEN,
+                    models=role_models(tmp_path, "lab-models-hf", ALT_MODELS), sglang_models_root=ALT_MODELS,
+                    sglang_models_hf_endpoint=hub.url)
+    text = out(proc)
+    assert proc.returncode == 0, text[-3000:]
+    assert f"model lab-org/Tiny-Qwen3.6@{TARGET_COMMIT} -> {ALT_MODELS}/lab-org--Tiny-Qwen3.6/{TARGET_COMMIT}: " \
+           "would fetch 4.2 MB" in text, text[-3000:]
+    assert "drafter lab-org/Tiny-Qwen3.6-DFlash@" in text
+    # The hub was asked for the file lists only; nothing on the host changed.
+    assert hub.bytes_served == 0 and not any("/resolve/" in p for _m, p, _r in hub.requests)
+    assert any("/api/models/lab-org/Tiny-Qwen3.6/revision/" in p for _m, p, _r in hub.requests)
+    assert not host_path_exists(lab, "/srv/lab-models-alt")
+
+
+def test_a_slow_fetch_prints_progress_into_a_non_default_models_root(lab, fixtures, hub, tmp_path):
+    """sglang_models_root elsewhere: the models land there, owned by the service user; a fetch that
+    takes longer than the progress interval prints bytes, files and elapsed time each interval."""
+    lab.ssh(HOST, "rm -rf /srv/lab-models-alt")
+    items = role_models(tmp_path, "lab-models-hf", ALT_MODELS)
+    target = f"{ALT_MODELS}/lab-org--Tiny-Qwen3.6/{TARGET_COMMIT}"
+    hub.reset_counters()
+    hub.rate = 500_000  # 4.2 MB of weights: about 8 s
+    try:
+        start = time.monotonic()
+        proc = run_role(lab, tmp_path, "lab-models-hf", token=TOKEN, models=items, sglang_models_root=ALT_MODELS,
+                        sglang_models_hf_endpoint=hub.url, play_vars={"sglang_models_progress_interval": 2})
+        took = time.monotonic() - start
+    finally:
+        hub.rate = None
+    text = out(proc)
+    assert proc.returncode == 0, text[-4000:]
+    lines = progress_lines(text)
+    target_lines = [(b, ln) for b, ln in lines if "Tiny-Qwen3.6@" in ln]
+    assert len(target_lines) >= 3, (took, lines)
+    done = [b for b, _ln in target_lines]
+    assert done == sorted(done) and done[-1] > done[0], target_lines
+    assert "of 4.2 MB" in target_lines[0][1]
+    # In place under the non-default root, complete, owned by the service user; nothing under the default.
+    marker = json.loads(lab.ssh(HOST, f"cat {target}/.sgdeploy-complete.json").stdout)
+    assert marker["commit"] == TARGET_COMMIT
+    owners = lab.ssh(HOST, f"stat -c %U {ALT_MODELS} {target} {target}/model.safetensors").stdout.split()
+    assert owners == ["sglang", "sglang", "sglang"]
+    assert not host_path_exists(lab, f"{target}.incomplete") and not host_path_exists(lab, f"{target}.progress.json")
+    # Prune works in that root too: a stale folder goes, the deploy's stay, nothing is transferred again.
+    lab.ssh(HOST, f"mkdir -p {ALT_MODELS}/org--stale/old")
+    hub.reset_counters()
+    proc = run_role(lab, tmp_path, "lab-models-hf", token=TOKEN, models=items, sglang_models_root=ALT_MODELS,
+                    sglang_models_hf_endpoint=hub.url, sglang_models_prune=True)
+    assert proc.returncode == 0, out(proc)[-3000:]
+    assert not host_path_exists(lab, f"{ALT_MODELS}/org--stale")
+    assert host_path_exists(lab, f"{target}/model.safetensors") and hub.bytes_served == 0
+
+
+def test_a_models_root_the_deploy_description_does_not_use_is_refused(lab, fixtures, hub, tmp_path):
+    """Models rendered for one root and a role told another would split the host's models: refused."""
+    proc = run_role(lab, tmp_path, "lab-models-hf", token=TOKEN, models=role_models(tmp_path, "lab-models-hf"),
+                    sglang_models_root=ALT_MODELS, sglang_models_hf_endpoint=hub.url)
+    text = out(proc)
+    assert proc.returncode != 0
+    assert (f"MODELS NOT READY on lab1: model folder {MODELS}/lab-org--Tiny-Qwen3.6/{TARGET_COMMIT}: not under the "
+            f"models root {ALT_MODELS} (sglang_models_root)") in text, text[-3000:]
+
+
+class SecretWatch:
+    """Scans every process of this machine (the lab hosts' too: they are its children) for a secret in
+    /proc/PID/cmdline or /proc/PID/environ, and the controller's Ansible temp folder for files holding
+    it, until stopped; remembers where it was seen and whether the fetch ran while it looked."""
+
+    def __init__(self, secret: str):
+        self.secret = secret.encode()
+        self.seen: list[str] = []
+        self.scans = 0
+        self.saw_fetch = False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join(30)
+
+    def _run(self):
+        me = str(os.getpid())
+        tmp = Path.home() / ".ansible" / "tmp"
+        while not self._stop.is_set():
+            for pid in os.listdir("/proc"):
+                if not pid.isdigit() or pid == me:
+                    continue
+                for what in ("cmdline", "environ"):
+                    try:
+                        data = Path(f"/proc/{pid}/{what}").read_bytes()
+                    except OSError:
+                        continue
+                    if what == "cmdline" and (b"sglang_model_fetch.py" in data or b"sgdeploy.models\0fetch" in data):
+                        self.saw_fetch = True
+                    if self.secret in data:
+                        self.seen.append(f"/proc/{pid}/{what}: {data[:200]!r}")
+            for dirpath, _dirs, files in os.walk(tmp):
+                for fn in files:
+                    try:
+                        if self.secret in Path(dirpath, fn).read_bytes():
+                            self.seen.append(f"controller file {dirpath}/{fn}")
+                    except OSError:
+                        pass
+            self.scans += 1
+            self._stop.wait(0.05)
+
+
+def files_holding(root: Path, secret: bytes, skip: tuple[Path, ...] = ()) -> list[str]:
+    found = []
+    for dirpath, dirs, files in os.walk(root):
+        dirs[:] = [d for d in dirs if Path(dirpath, d) not in skip]
+        for fn in files:
+            p = Path(dirpath, fn)
+            try:
+                if p.is_symlink() or not p.is_file() or p.stat().st_size > 200 << 20:
+                    continue
+                if secret in p.read_bytes():
+                    found.append(str(p))
+            except OSError:
+                pass
+    return found
+
+
+def test_a_canary_token_reaches_the_hub_and_nowhere_else(lab, fixtures, hub):
+    """The token is only a no_log module argument and a root-only file during the fetch: not in any
+    process's command line or environment during the run, not in the -vvv output, not on the
+    controller's disk (build/, reports/, Ansible's temp files), not in the host's journal."""
+    canary = "hf_canary_" + secrets.token_hex(12)
+    target = f"{MODELS}/lab-org--Tiny-Qwen3.6/{TARGET_COMMIT}"
+    lab.ssh(HOST, f"rm -rf {target}")  # so the deploy fetches it (with the token) again
+    hub.reset_counters()
+    hub.token, hub.rate = canary, 1_000_000  # the hub refuses any other token; the fetch lasts seconds
+    try:
+        with SecretWatch(canary) as watch:
+            proc, _ = deploy(lab, "lab-models-hf", hub, "-vvv", token=canary)
+            time.sleep(0.5)
+    finally:
+        hub.token, hub.rate = TOKEN, None
+    text = out(proc)
+    assert proc.returncode == 0, text[-4000:]
+    # The fetch ran, with the canary (the hub refuses anything else), while the watch looked.
+    assert hub.bytes_served > 4_000_000 and host_path_exists(lab, f"{target}/model.safetensors")
+    assert watch.saw_fetch and watch.scans > 20, (watch.saw_fetch, watch.scans)
+    assert watch.seen == []
+    assert canary not in text
+    secret = canary.encode()
+    for folder in (REPO / "build", REPO / "reports"):
+        assert files_holding(folder, secret) == [], folder
+    journal = lab.ssh(HOST, "journalctl -o export --no-pager", timeout=120).stdout
+    assert journal and canary not in journal
+    leftovers = lab.ssh(HOST, "find /root/.ansible /root/.ansible_async /run/sgdeploy-models -type f "
+                              "-exec cat {} + 2>/dev/null; ls -A /run/sgdeploy-models", check=False).stdout
+    assert canary not in leftovers
+    assert "hf-token-" not in leftovers  # the token file was removed after the fetch
 
 
 def test_timings_are_recorded():
