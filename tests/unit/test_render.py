@@ -8,6 +8,7 @@ import io
 import json
 import shlex
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
