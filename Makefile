@@ -140,3 +140,14 @@ test: lint test-unit test-lab ## Everything CI runs: lint, unit tests, lab tests
 
 clean: ## Remove build/ and reports/ (keeps the lab's cached root filesystem)
 	rm -rf build/render build/wheels reports
+
+.PHONY: reference
+REFERENCE_CONFIG = build/reference/reference-$(notdir $(basename $(CONFIG))).yml
+reference: $(STAMP) ## Record CONFIG's exactness reference: its target alone on its GPUs, then CONFIG again [HOST= INVENTORY=]
+	$(need_config)
+	@$(PY) -m sgdeploy validate $(CONFIG) >/dev/null
+	$(ensure_lab)
+	@mkdir -p build/reference
+	@$(PY) -m sgdeploy.exactness reference-config $(CONFIG) --out $(REFERENCE_CONFIG) >/dev/null
+	ansible-playbook -i $(INV) $(if $(HOST),--limit $(HOST),$(LIMIT_ARG)) playbooks/deploy.yml -e config=$(REFERENCE_CONFIG)
+	ansible-playbook -i $(INV) $(if $(HOST),--limit $(HOST),$(LIMIT_ARG)) playbooks/deploy.yml -e config=$(CONFIG)
