@@ -226,3 +226,24 @@ def test_reference_config_runs_the_target_alone(tmp_path):
     assert config.speculative.algorithm == "NONE" and config.drafter is None
     assert (config.model, config.serving.gpus) == (target.model, target.serving.gpus)
     assert config.gates.min_tokens_per_s is None
+
+
+def test_the_sweep_shows_each_variants_verdict_from_its_deploy_record(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from sgdeploy import sweep
+
+    monkeypatch.setattr(sweep, "REPO_ROOT", tmp_path)
+    folder = tmp_path / "reports" / "deploys" / "lab1"
+    result = {"gate": "exactness", "verdict": "fail", "reason": "prompt x01-capital first differs at token 4"}
+    for config, finished in (("v-b64-k8", "2026-01-01T00:05:00Z"), ("other", "2026-01-01T00:06:00Z")):
+        rec = records.build_record(config=config, host="lab1", release="r", outcome="deployed", finished=finished,
+                                   started="2026-01-01T00:00:00Z", report={"gates": [], "exactness": result})
+        records.write_record(folder, rec)
+    host = SimpleNamespace(host="lab1")
+    assert sweep.Sweep.exactness_of(host, SimpleNamespace(name="v-b64-k8")) == {
+        "verdict": "fail", "reason": "prompt x01-capital first differs at token 4"}
+    assert sweep.Sweep.exactness_of(host, SimpleNamespace(name="v-b15-k8")) is None
+    row = {"status": "ok", "accept_length_mean": 14.0, "accept_length_sd": 0.1, "tokens_per_s": 200.0,
+           "step_time_ms": 70.0, "requests": 4, "failures": 0, "exactness": {"verdict": "fail"}}
+    assert sweep.progress(row).endswith("4/4 requests, exactness fail")
