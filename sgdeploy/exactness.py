@@ -96,8 +96,13 @@ def parse_answer(answer: dict, top_needed: bool) -> dict:
 
     SGLang 0.5.23 puts them in ``meta_info``: ``output_token_logprobs`` ``[[logprob, token_id,
     text|null], ...]`` (one per generated token) and ``output_top_logprobs`` (per token, a list of
-    ``top_logprobs_num`` such triples, or null)."""
+    ``top_logprobs_num`` such triples, or null). A candidate (``top_needed`` false) whose release returns
+    no log-probabilities is read from the answer's top-level ``output_ids`` instead."""
     meta = answer.get("meta_info") or {}
+    ids = answer.get("output_ids")
+    if "output_token_logprobs" not in meta and not top_needed and isinstance(ids, list) \
+            and all(isinstance(t, int) for t in ids):
+        return {"tokens": ids, "texts": [None] * len(ids)}  # the answer's own token ids (no log-probabilities)
     if "output_token_logprobs" not in meta:
         raise ExactnessError("the answer has no meta_info.output_token_logprobs: the release did not return "
                              "log-probabilities (return_logprob)")

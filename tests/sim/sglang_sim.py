@@ -901,9 +901,9 @@ class Handler(BaseHTTPRequestHandler):
         if not stream:
             for r in reqs:
                 r.done.wait()
-            out = [{"text": r.text(), "meta_info": {**self._meta(r), **(self._logprobs(r, top_n, with_text)
-                                                                         if return_logprob else {})}}
-                   for r in reqs]
+            logprobs = (lambda r: self._logprobs(r, top_n, with_text)) if return_logprob else (lambda r: {})
+            out = [{"text": r.text(), "output_ids": [t for t, _lp, _st in r.steps[:r.generated]],
+                    "meta_info": {**self._meta(r), **logprobs(r)}} for r in reqs]
             self._send(200, out[0] if single else out)
             return
         self._sse_start()

@@ -100,6 +100,13 @@ def test_parse_answer_names_what_is_missing(meta, words):
     assert words in str(err.value)
 
 
+def test_a_candidate_without_logprobs_is_read_from_output_ids():
+    out = exactness.parse_answer({"text": " a b", "output_ids": [11, 12], "meta_info": {}}, top_needed=False)
+    assert out == {"tokens": [11, 12], "texts": [None, None]}
+    with pytest.raises(exactness.ExactnessError, match="no meta_info.output_token_logprobs"):
+        exactness.parse_answer({"output_ids": [11, 12], "meta_info": {}}, top_needed=True)  # a reference needs them
+
+
 def test_model_identity_is_repository_and_revision():
     ident = exactness.model_identity({"models": [{"role": "drafter", "source": "hf", "repo": "d/x"},
                                                  {"role": "model", "source": "hf", "repo": "Qwen/Qwen3.6-27B",
