@@ -74,6 +74,23 @@ def test_the_gate_and_the_config_schema_define_the_thresholds_once(tmp_path):
     assert spec.load(bare).gates.as_mapping() == gate.GateThresholds().to_dict()
 
 
+def test_one_change_to_the_gates_definition_reaches_the_config_schema_and_the_gate():
+    # Change a default and a bound in sgdeploy.gate_schema only, before anything else is imported: the
+    # config schema and GateThresholds both follow (they read the one definition, they do not copy it).
+    code = ("import dataclasses, sgdeploy.gate_schema as s\n"
+            "s.FIELDS['bench_requests'] = dataclasses.replace(s.FIELDS['bench_requests'], default=7, "
+            "ok=lambda v: v >= 5, allowed='give 5 or more')\n"
+            "s.DEFAULTS['bench_requests'] = 7\n"
+            "from sgdeploy import gate, spec\n"
+            "assert spec.SCHEMA['gates']['bench_requests'] == ('int', 7)\n"
+            "assert gate.GateThresholds().bench_requests == 7\n"
+            "try:\n    gate.GateThresholds.from_mapping({'bench_requests': 4})\nexcept gate.GateError as e:\n"
+            "    print(e)\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "gates.bench_requests: 4 is not allowed; give 5 or more"
+
+
 @pytest.mark.parametrize("key, value", [
     ("max_regression_pct", 150), ("max_regression_pct", -1), ("max_regression_pct", 0), ("min_accept_length", -0.5),
     ("min_completed_fraction", 0), ("min_completed_fraction", 1), ("bench_requests", 0), ("warmup_requests", 0),
