@@ -194,3 +194,15 @@ patch-diff: $(STAMP) ## Write build/patchwork/tree's edits back into PATCH=0002-
 .PHONY: gpu-server-bundle
 gpu-server-bundle: $(STAMP) ## Prepare what the H200 end-to-end harness carries into .gpu-e2e/ (wheels, kernels, plans)
 	$(PY) tests/gpu/e2e/bundle.py --out .gpu-e2e
+
+.PHONY: reference
+reference: $(STAMP) ## Record CONFIG's exactness reference: its target alone on its GPUs, then CONFIG again [HOST= INVENTORY=]
+	$(need_config)
+	@$(SGDEPLOY) validate "$$CONFIG" >/dev/null
+	$(ensure_lab)
+	@mkdir -p build/reference
+	@ref="build/reference/reference-$$(basename "$$CONFIG" .yml).yml"; lim=(); \
+	 if [ -n "$$HOST" ]; then lim=(--limit "$$HOST"); elif [ -n "$$LIMIT" ]; then lim=(--limit "$$LIMIT"); fi; \
+	 $(SGDEPLOY) exactness reference-config "$$CONFIG" --out "$$ref" >/dev/null && \
+	 $(ANSIBLE_PLAYBOOK) -i "$$INV" "$${lim[@]}" playbooks/deploy.yml -e config="$$ref" && \
+	 $(ANSIBLE_PLAYBOOK) -i "$$INV" "$${lim[@]}" playbooks/deploy.yml -e config="$$CONFIG"

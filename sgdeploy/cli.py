@@ -47,6 +47,7 @@ DELEGATED: dict[str, tuple[str, str]] = {
     "sweep": ("sweep", "sweep a DDTREE config over budgets and top-k caps on one host (sgdeploy.sweep)"),
     "bench": ("bench", "the fixed greedy benchmark against a service URL (sgdeploy.bench)"),
     "records": ("records", "read or write deploy records in a folder (sgdeploy.records)"),
+    "exactness": ("exactness", "the exactness gate's target-alone config, comparison and collection (sgdeploy.exactness)"),
     "patchwork": ("patchwork", "lay out the series in build/patchwork/ or write a diff back (sgdeploy.patchwork)"),
 }
 

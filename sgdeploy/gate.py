@@ -1,4 +1,4 @@
-"""Deploy gates: smoke, throughput and acceptance, each with a verdict pass, fail or inconclusive.
+"""Deploy gates: smoke, exactness, throughput and acceptance, each with a verdict pass, fail or inconclusive.
 
 A gate result names the metric, the observed value, the absolute threshold from the config, the
 baseline (the last good deploy of the same config on the same host) and the verdict, in the manner
@@ -10,7 +10,8 @@ Command line (exit 0 all gates pass, 1 a gate failed or was inconclusive, 2 misu
 
     python -m sgdeploy.gate --url URL (--config-json FILE | --thresholds-json STRING)
         [--speculative | --no-speculative] [--baseline RECORD.json] [--out REPORT.json]
-        [--only smoke|throughput|acceptance ...] [--bench-timeout S] [--json]
+        [--only smoke|exactness|throughput|acceptance ...] [--bench-timeout S] [--json]
+        [--references DIR [--host NAME] [--exactness-report-only]]
 """
 
 from __future__ import annotations
@@ -20,14 +21,16 @@ import json
 import sys
 import time
 import unicodedata
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sgdeploy import bench, records, serving
+from sgdeploy import bench, exactness, gate_schema, records, serving
 
 PASS, FAIL, INCONCLUSIVE = "pass", "fail", "inconclusive"
-GATES = ("smoke", "throughput", "acceptance")
+GATES = ("smoke", "throughput", "acceptance")  # the gates of a record's "gates" list
+# Every gate --only can name; exactness is recorded on its own ("exactness" key, docs/gates.md).
+ALL_GATES = ("smoke", "exactness", "throughput", "acceptance")
 
 # Bench settings a baseline must share with the candidate to be compared ("measured the same way").
 _COMPARABLE = {
@@ -40,20 +43,27 @@ class GateError(ValueError):
     """Bad gate input (thresholds, baseline file): one line naming the thing, the value, what is allowed."""
 
 
+_D = gate_schema.DEFAULTS
+
+
 @dataclass(frozen=True)
 class GateThresholds:
-    """The config's ``gates`` mapping. Defaults match ``sgdeploy.spec``."""
+    """The config's ``gates`` mapping. Keys, defaults and bounds: ``sgdeploy.gate_schema`` (the config
+    schema's own definition; a test fails if these fields and it differ)."""
 
-    min_accept_length: float | None = None
-    min_tokens_per_s: float | None = None
-    max_regression_pct: float = 10.0
-    smoke_prompt: str = "The capital of France is"
-    smoke_max_tokens: int = 32
-    bench_requests: int = 16
-    bench_concurrency: int = 4
-    bench_max_tokens: int = 128
-    min_completed_fraction: float = 0.9
-    warmup_requests: int = 2  # used by the deploy's warm-up step, not by a gate
+    min_accept_length: float | None = _D["min_accept_length"]
+    min_tokens_per_s: float | None = _D["min_tokens_per_s"]
+    max_regression_pct: float = _D["max_regression_pct"]
+    smoke_prompt: str = _D["smoke_prompt"]
+    smoke_max_tokens: int = _D["smoke_max_tokens"]
+    bench_requests: int = _D["bench_requests"]
+    bench_concurrency: int = _D["bench_concurrency"]
+    bench_max_tokens: int = _D["bench_max_tokens"]
+    min_completed_fraction: float = _D["min_completed_fraction"]
+    warmup_requests: int = _D["warmup_requests"]  # used by the deploy's warm-up step, not by a gate
+    exactness_tie_tolerance: float = _D["exactness_tie_tolerance"]
+    exactness_concurrency: int = _D["exactness_concurrency"]
+    exactness_require_reference: bool = _D["exactness_require_reference"]
 
     @classmethod
     def from_mapping(cls, data: dict[str, Any] | None) -> GateThresholds:
@@ -62,45 +72,18 @@ class GateThresholds:
             data = {}
         if not isinstance(data, dict):
             raise GateError(f"gates must be a mapping of names to values, not {type(data).__name__}")
-        allowed = {f.name: f for f in fields(cls)}
         values: dict[str, Any] = {}
         for key, value in data.items():
-            if key not in allowed:
-                raise GateError(f"gates.{key}: unknown setting; allowed: {', '.join(allowed)}")
-            values[key] = _check(key, value)
+            if key not in gate_schema.FIELDS:
+                raise GateError(f"gates.{key}: unknown setting; allowed: {', '.join(gate_schema.FIELDS)}")
+            try:
+                values[key] = gate_schema.check(key, value)
+            except ValueError as err:
+                raise GateError(f"gates.{key}: {value!r} is not allowed; {err}") from None
         return cls(**values)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def _check(key: str, value: Any) -> Any:
-    def bad(allowed: str) -> GateError:
-        return GateError(f"gates.{key}: {value!r} is not allowed; {allowed}")
-
-    is_num = isinstance(value, int | float) and not isinstance(value, bool)
-    if key in ("min_accept_length", "min_tokens_per_s"):
-        if value is None:
-            return None
-        if not is_num or value < 0:
-            raise bad("give a number of 0 or more, or null for no minimum")
-        return float(value)
-    if key == "max_regression_pct":
-        if not is_num or not 0 <= value <= 100:
-            raise bad("give a percentage between 0 and 100")
-        return float(value)
-    if key == "min_completed_fraction":
-        if not is_num or not 0 < value <= 1:
-            raise bad("give a fraction above 0 and at most 1")
-        return float(value)
-    if key == "smoke_prompt":
-        if not isinstance(value, str) or not value.strip():
-            raise bad("give a non-empty prompt string")
-        return value
-    minimum = 0 if key == "warmup_requests" else 1
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise bad(f"give a whole number of {minimum} or more")
-    return value
 
 
 @dataclass
@@ -290,6 +273,83 @@ def acceptance(bench_result: bench.BenchResult | dict, thresholds: GateThreshold
     return result
 
 
+# --- exactness ------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ExactnessTarget:
+    """Where references live and whose they are: the host's ``<state dir>/references`` folder and the
+    deploy's target model (``exactness.model_identity``), config, host and release."""
+
+    references_dir: str
+    identity: dict | None
+    config: str = "?"
+    host: str = "?"
+    release: str | None = None
+
+    def how_to_make(self) -> str:
+        return exactness.HOW_TO_MAKE.format(config=self.config, host=self.host)
+
+
+def _exact(verdict: str, reason: str, value: float | None, thresholds: GateThresholds, **details: Any) -> GateResult:
+    return GateResult("exactness", "prompts_equal", value, thresholds.exactness_tie_tolerance, None, verdict, reason,
+                      details)
+
+
+def exactness_gate(base_url: str, thresholds: GateThresholds, target: ExactnessTarget,
+                   timeout: float = 600.0) -> GateResult:
+    """A speculative candidate against the reference of its model (sgdeploy.exactness)."""
+    if target.identity is None:
+        return _exact(INCONCLUSIVE, "the deploy description names no target model: no reference to compare with",
+                      None, thresholds)
+    path = exactness.reference_path(target.references_dir, target.identity)
+    label = target.identity["label"]
+    if not path.is_file():
+        return _exact(INCONCLUSIVE, f"no reference outputs for {label} on this host yet ({path}): "
+                      f"{target.how_to_make()}", None, thresholds, reference_path=str(path))
+    prompts = exactness.load_prompts()
+    try:
+        reference = exactness.read_reference(path)
+    except exactness.ExactnessError as err:
+        return _exact(INCONCLUSIVE, f"{err}: {target.how_to_make()}", None, thresholds, reference_path=str(path))
+    why = exactness.comparable(reference, prompts)
+    if why:
+        return _exact(INCONCLUSIVE, f"{why}: {target.how_to_make()}", None, thresholds, reference_path=str(path))
+    outputs, errors = exactness.collect(base_url, prompts, thresholds.exactness_concurrency, timeout,
+                                        top_needed=False)
+    if errors:
+        return _exact(INCONCLUSIVE, f"{len(errors)} of {len(prompts)} exactness requests failed: {errors[0]}",
+                      None, thresholds, errors=errors[:5], reference_path=str(path))
+    v = exactness.compare(reference, [o for o in outputs if o], thresholds.exactness_tie_tolerance)
+    return _exact(v.verdict, v.reason, None if v.equal is None else float(v.equal), thresholds,
+                  reference_path=str(path), **v.details)
+
+
+def record_reference(base_url: str, thresholds: GateThresholds, target: ExactnessTarget,
+                     timeout: float = 600.0) -> GateResult:
+    """The target alone (a non-speculative config that passed its gates): record its answers as the
+    reference of its model, atomically. The verdict is pass (it is the target), or inconclusive when
+    no reference could be recorded."""
+    if target.identity is None:
+        return _exact(INCONCLUSIVE, "the deploy description names no target model: no reference recorded",
+                      None, thresholds)
+    prompts = exactness.load_prompts()
+    outputs, errors = exactness.collect(base_url, prompts, thresholds.exactness_concurrency, timeout)
+    if errors:
+        return _exact(INCONCLUSIVE, f"not speculative; no reference recorded: {len(errors)} of {len(prompts)} "
+                      f"requests failed: {errors[0]}", None, thresholds, errors=errors[:5])
+    path = exactness.reference_path(target.references_dir, target.identity)
+    ref = exactness.build_reference(outputs, prompts, target.identity, config=target.config, host=target.host,
+                                    release=target.release, concurrency=thresholds.exactness_concurrency)
+    try:
+        exactness.write_reference(path, ref)
+    except OSError as err:
+        return _exact(INCONCLUSIVE, f"not speculative; cannot write the reference {path}: {err.strerror or err}",
+                      None, thresholds)
+    return _exact(PASS, f"not speculative (the target itself): recorded the reference for {target.identity['label']} "
+                  f"({len(prompts)} prompts x {exactness.MAX_NEW_TOKENS} tokens) in {path}", float(len(prompts)),
+                  thresholds, reference_path=str(path), recorded=True)
+
+
 # --- all gates ----------------------------------------------------------------------------------------------
 
 def _now() -> str:
@@ -306,24 +366,42 @@ class GateReport:
     baseline: dict | None = None  # who the baseline is: {"config", "host", "release", "finished"}
     started: str = ""
     finished: str = ""
+    exactness: GateResult | None = None  # recorded apart from the gates list (docs/gates.md)
+    exactness_enforced: bool = True  # False: the verdict is recorded, never blocks (the sweep's variants)
+
+    @property
+    def exactness_blocks(self) -> bool:
+        """A failed exactness gate blocks; an inconclusive one only with gates.exactness_require_reference."""
+        e = self.exactness
+        if e is None or not self.exactness_enforced:
+            return False
+        return e.verdict == FAIL or (e.verdict == INCONCLUSIVE and self.thresholds.exactness_require_reference)
 
     @property
     def passed(self) -> bool:
-        return bool(self.results) and all(r.passed for r in self.results)
+        return bool(self.results) and all(r.passed for r in self.results) and not self.exactness_blocks
 
     @property
     def failed_gates(self) -> list[str]:
-        """Gates whose verdict is not pass (fail or inconclusive), in order."""
-        return [r.gate for r in self.results if not r.passed]
+        """Gates whose verdict is not pass (fail or inconclusive), and exactness when it blocks, in order."""
+        failed = {r.gate for r in self.results if not r.passed} | ({"exactness"} if self.exactness_blocks else set())
+        return [g for g in ALL_GATES if g in failed]
 
     def summary(self) -> str:
-        """One line per gate, for people."""
-        return "\n".join(r.line() for r in self.results)
+        """One line per gate, for people (exactness after smoke)."""
+        lines = [r.line() for r in self.results]
+        if self.exactness is not None:
+            line = self.exactness.line()
+            if self.exactness.verdict != PASS and not self.exactness_blocks:
+                line += " (recorded, does not block)"
+            lines.insert(1 if self.results and self.results[0].gate == "smoke" else 0, line)
+        return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "schema": 1, "url": self.url, "speculative": self.speculative, "passed": self.passed,
             "failed_gates": self.failed_gates, "gates": [r.to_dict() for r in self.results],
+            "exactness": self.exactness.to_dict() if self.exactness else None,
             "bench": self.bench.to_dict() if self.bench else None, "baseline": self.baseline,
             "thresholds": self.thresholds.to_dict(), "started": self.started, "finished": self.finished,
         }
@@ -337,21 +415,28 @@ def _baseline_info(record: dict | None) -> dict | None:
 
 def run_all(base_url: str, thresholds: GateThresholds, speculative: bool, baseline_record: dict | None = None,
             only: list[str] | tuple[str, ...] | None = None, prompts: list[bench.Prompt] | None = None,
-            bench_timeout: float = 600.0, smoke_timeout: float = 120.0) -> GateReport:
-    """Smoke first; when it fails, the others are inconclusive and no bench runs. Then one bench run
-    shared by the throughput and acceptance gates. ``only`` limits the gates (smoke always runs first
-    when selected)."""
+            bench_timeout: float = 600.0, smoke_timeout: float = 120.0,
+            exactness_target: ExactnessTarget | None = None, exactness_enforced: bool = True) -> GateReport:
+    """Smoke first; when it fails, the others are inconclusive and no bench runs. Then, for a speculative
+    config, the exactness gate (when ``exactness_target`` says where references are). Then one bench run
+    shared by the throughput and acceptance gates. A non-speculative config whose gates all passed records
+    the reference of its model instead. ``only`` limits the gates (smoke always runs first when selected)."""
     base_url = serving.check_url(base_url)
-    selected = [g for g in GATES if only is None or g in only]
-    unknown = set(only or ()) - set(GATES)
+    unknown = set(only or ()) - set(ALL_GATES)
     if unknown:
-        raise GateError(f"--only {sorted(unknown)[0]!r} is not a gate; allowed: {', '.join(GATES)}")
+        raise GateError(f"--only {sorted(unknown)[0]!r} is not a gate; allowed: {', '.join(ALL_GATES)}")
+    selected = [g for g in GATES if only is None or g in only]
+    exact = exactness_target is not None and (only is None or "exactness" in only)
     report = GateReport(base_url, speculative, thresholds, [], baseline=_baseline_info(baseline_record),
-                        started=_now())
+                        started=_now(), exactness_enforced=exactness_enforced)
     if "smoke" in selected:
         report.results.append(smoke(base_url, thresholds, speculative, smoke_timeout))
+    smoke_failed = bool(report.results) and not report.results[0].passed
+    if exact and speculative:
+        report.exactness = (_exact(INCONCLUSIVE, "skipped: the smoke gate failed", None, thresholds)
+                            if smoke_failed else exactness_gate(base_url, thresholds, exactness_target, bench_timeout))
     rest = [g for g in selected if g != "smoke"]
-    if rest and report.results and not report.results[0].passed:
+    if rest and smoke_failed:
         for g in rest:
             metric = "tokens_per_s" if g == "throughput" else "accept_length"
             threshold = thresholds.min_tokens_per_s if g == "throughput" else thresholds.min_accept_length
@@ -365,6 +450,11 @@ def run_all(base_url: str, thresholds: GateThresholds, speculative: bool, baseli
             report.results.append(throughput(report.bench, thresholds, base))
         if "acceptance" in rest:
             report.results.append(acceptance(report.bench, thresholds, base, speculative))
+    if exact and not speculative:
+        report.exactness = (record_reference(base_url, thresholds, exactness_target, bench_timeout)
+                            if report.passed else
+                            _exact(INCONCLUSIVE, "not speculative; no reference recorded: a gate did not pass",
+                                   None, thresholds))
     report.finished = _now()
     return report
 
@@ -401,6 +491,15 @@ def load_thresholds(config_json: str | None,
         raise GateError(f"{source}: {err}") from None
 
 
+def _exactness_target(args: argparse.Namespace) -> ExactnessTarget:
+    """References folder and model from ``--references`` and the deploy description (``--config-json``)."""
+    if not args.config_json:
+        raise GateError("--references needs --config-json with the deploy description (its models name the target)")
+    data = records.read_json(args.config_json, f"--config-json {args.config_json}", GateError)
+    return ExactnessTarget(args.references, exactness.model_identity(data), str(data.get("config") or "?"),
+                           args.host, data.get("release"))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = serving._Parser(prog="python -m sgdeploy.gate", description=__doc__.splitlines()[0])
     parser.add_argument("--url", required=True, help="http://HOST:PORT of the service")
@@ -411,7 +510,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="the config uses speculative decoding (default: what --config-json says)")
     parser.add_argument("--baseline", metavar="RECORD.json", help="the last good deploy record")
     parser.add_argument("--out", metavar="REPORT.json", help="write the report as JSON here")
-    parser.add_argument("--only", action="append", choices=GATES, help="run only this gate (repeatable)")
+    parser.add_argument("--only", action="append", choices=ALL_GATES, help="run only this gate (repeatable)")
+    parser.add_argument("--references", metavar="DIR", help="the host's exactness references folder: a speculative "
+                        "config is compared with its model's reference there, a non-speculative one records it")
+    parser.add_argument("--host", metavar="NAME", default="?", help="the host's name (in references and messages)")
+    parser.add_argument("--exactness-report-only", action="store_true",
+                        help="record the exactness verdict without letting it fail the gates (the sweep's variants)")
     parser.add_argument("--bench-timeout", type=serving._positive(float), default=600.0,
                         help="seconds for the bench run (default 600)")
     parser.add_argument("--json", action="store_true", help="print the JSON report instead of the summary")
@@ -431,12 +535,14 @@ def main(argv: list[str] | None = None) -> int:
         if speculative is None:
             raise GateError("say --speculative or --no-speculative (the thresholds do not say which)")
         baseline = records.read_record(args.baseline) if args.baseline else None
+        target = _exactness_target(args) if args.references else None
         if args.out and not Path(args.out).resolve().parent.is_dir():
             raise GateError(f"--out {args.out}: its folder does not exist")
     except (GateError, serving.UsageError, records.RecordError) as err:
         print(f"{parser.prog}: {err}", file=sys.stderr)
         return 2
-    report = run_all(url, thresholds, speculative, baseline, args.only, bench_timeout=args.bench_timeout)
+    report = run_all(url, thresholds, speculative, baseline, args.only, bench_timeout=args.bench_timeout,
+                     exactness_target=target, exactness_enforced=not args.exactness_report_only)
     data = report.to_dict()
     if args.out:
         records.write_json(args.out, data)

@@ -58,6 +58,7 @@ def build_record(*, config: str, host: str, release: str, outcome: str, started:
         "started": started, "finished": finished or utc_now(), "outcome": outcome,
         "gates": list((report or {}).get("gates") or []), "bench": (report or {}).get("bench"),
         "rollback": rollback, "message": message,
+        "exactness": (report or {}).get("exactness"),  # the exactness gate's result (sgdeploy.exactness)
     }
 
 
@@ -195,6 +196,7 @@ def status_rows(records: list[dict], every: bool = False) -> list[dict]:
             "gates": ("-" if not r.get("gates") else "pass" if not failed else "fail: " + ",".join(failed)),
             "accept_length": bench.get("accept_length_mean"), "tokens_per_s": bench.get("tokens_per_s"),
             "finished": r.get("finished"), "message": r.get("message") or "",
+            "exactness": (r.get("exactness") or {}).get("verdict") or "-",  # the exactness gate's verdict
         })
     return rows
 
@@ -204,14 +206,14 @@ def status_table(records: list[dict], every: bool = False) -> str:
     rows = status_rows(records, every)
     if not rows:
         return "no deploy records"
-    head = ("config", "host", "release", "outcome", "gates", "accept", "tok/s", "when")
+    head = ("config", "host", "release", "outcome", "gates", "exactness", "accept", "tok/s", "when")
 
     def cell(row: dict) -> tuple[str, ...]:
         acc, tps = row["accept_length"], row["tokens_per_s"]
         when = (row["finished"] or "-").replace("T", " ")
         return (row["config"] or "-", row["host"] or "-", row["release"] or "-", row["outcome"] or "-",
-                row["gates"], "-" if acc is None else f"{acc:.2f}", "-" if tps is None else f"{tps:.1f}",
-                when)
+                row["gates"], row["exactness"], "-" if acc is None else f"{acc:.2f}",
+                "-" if tps is None else f"{tps:.1f}", when)
 
     table = [head] + [cell(r) for r in rows]
     widths = [max(len(line[i]) for line in table) for i in range(len(head))]

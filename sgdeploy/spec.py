@@ -16,6 +16,8 @@ from typing import Any
 
 import yaml
 
+from sgdeploy import gate_schema
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CONFIG_DIR = REPO_ROOT / "configs"
 
@@ -102,19 +104,18 @@ class Serving:
 
 @dataclass(frozen=True)
 class Gates:
-    min_accept_length: float | None
-    min_tokens_per_s: float | None
-    max_regression_pct: float
-    smoke_prompt: str
-    smoke_max_tokens: int
-    bench_requests: int
-    bench_concurrency: int
-    bench_max_tokens: int
-    min_completed_fraction: float
-    warmup_requests: int
+    """The config's gates mapping (keys, kinds and defaults: sgdeploy.gate_schema)."""
+
+    values: dict[str, Any]
+
+    def __getattr__(self, key: str) -> Any:
+        try:
+            return self.__dict__["values"][key]
+        except KeyError:
+            raise AttributeError(key) from None
 
     def as_mapping(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        return dict(self.values)
 
 
 @dataclass(frozen=True)
@@ -209,18 +210,8 @@ SCHEMA: dict[str, Any] = {
         "drain_timeout_s": ("int", 300),
         "forking_memory_gib": ("float", None),
     },
-    "gates": {
-        "min_accept_length": ("float", None),
-        "min_tokens_per_s": ("float", None),
-        "max_regression_pct": ("float", 10.0),
-        "smoke_prompt": ("str", "The capital of France is"),
-        "smoke_max_tokens": ("int", 32),
-        "bench_requests": ("int", 16),
-        "bench_concurrency": ("int", 4),
-        "bench_max_tokens": ("int", 128),
-        "min_completed_fraction": ("float", 0.9),
-        "warmup_requests": ("int", 2),
-    },
+    # The gates section is defined once, in sgdeploy.gate_schema (the gate reads the same definition).
+    "gates": {key: (f.kind, f.default) for key, f in gate_schema.FIELDS.items()},
 }
 
 SPEC_FIELDS_BY_ALGORITHM = {
@@ -628,26 +619,16 @@ def validate(merged: dict[str, Any], source: Path, name: str) -> Config:
     _check_forking_memory(chk, v["model"], spec, serving)
     _check_strings(chk, v)
 
-    # Gates.
-    for key in ("min_accept_length", "min_tokens_per_s"):
-        g = gates[key]
-        if isinstance(g, float) and g < 0:
-            chk.bad(f"gates.{key}", g, "must be 0 or more")
+    # Gates (bounds from sgdeploy.gate_schema; the kinds were checked by the schema above).
+    for key, g in gates.items():
+        if g is not None:
+            try:
+                gates[key] = gate_schema.check(key, g)
+            except ValueError as exc:
+                chk.bad(f"gates.{key}", g, str(exc))
     if isinstance(gates["min_accept_length"], float) and algo == "NONE" and gates["min_accept_length"] > 1:
         chk.bad("gates.min_accept_length", gates["min_accept_length"],
                 "an autoregressive config accepts exactly 1 token per step; use at most 1 or leave it out")
-    reg = gates["max_regression_pct"]
-    if isinstance(reg, float) and not 0 <= reg <= 100:
-        chk.bad("gates.max_regression_pct", reg, "must be between 0 and 100")
-    for key in ("smoke_max_tokens", "bench_requests", "bench_concurrency", "bench_max_tokens"):
-        g = gates[key]
-        if isinstance(g, int) and g < 1:
-            chk.bad(f"gates.{key}", g, "must be 1 or more")
-    if isinstance(gates["warmup_requests"], int) and gates["warmup_requests"] < 0:
-        chk.bad("gates.warmup_requests", gates["warmup_requests"], "must be 0 or more")
-    frac = gates["min_completed_fraction"]
-    if isinstance(frac, float) and not 0 < frac <= 1:
-        chk.bad("gates.min_completed_fraction", frac, "must be above 0 and at most 1")
 
     if chk.problems:
         raise ConfigError(chk.problems)
@@ -666,7 +647,7 @@ def validate(merged: dict[str, Any], source: Path, name: str) -> Config:
         drain_timeout_s=serving["drain_timeout_s"], forking_memory_gib=serving["forking_memory_gib"],
     )
     return Config(name=name, source=source, description=v["description"], model=model, drafter=drafter,
-                  speculative=speculative, serving=serving_obj, gates=Gates(**gates), merged=merged)
+                  speculative=speculative, serving=serving_obj, gates=Gates(dict(gates)), merged=merged)
 
 
 def controller_folder(controller_path: str) -> Path:

@@ -33,7 +33,7 @@ from typing import Any
 
 import yaml
 
-from sgdeploy import bench, report, serving, spec, tunnel
+from sgdeploy import bench, records, report, serving, spec, tunnel
 
 REPO_ROOT = spec.REPO_ROOT
 BUILD_DIR = REPO_ROOT / "build" / "sweeps"
@@ -346,6 +346,15 @@ class Sweep:
                      "the next deploy drains it")
         return result.to_dict()
 
+    def exactness_of(self, variant: Variant) -> dict | None:
+        """The variant's exactness verdict (recorded, never blocking, in smoke mode) from its deploy record,
+        as the deploy fetched it to reports/deploys/<host>/; None when there is none."""
+        folder = REPO_ROOT / "reports" / "deploys" / self.host
+        found = [r for r in records.read_records(folder, []) if r.get("config") == variant.name] \
+            if folder.is_dir() else []
+        e = found[-1].get("exactness") if found else None
+        return {"verdict": e.get("verdict"), "reason": e.get("reason")} if isinstance(e, dict) else None
+
     def row_from_bench(self, variant: Variant, b: dict, deploy_s: float) -> dict:
         ok = b["completed"] > 0 and b["accept_length_mean"] is not None
         error = None
@@ -445,6 +454,7 @@ class Sweep:
                         self.say(f"{label}: FAILED to measure: {exc}")
                     else:
                         row = self.row_from_bench(v, b, result.seconds)
+                        row["exactness"] = self.exactness_of(v)
                         self.rows.append(row)
                         self.say(f"{label}: {progress(row)}")
                 if protect.received:
@@ -494,9 +504,10 @@ def report_time() -> str:
 def progress(row: dict) -> str:
     if row["status"] != "ok":
         return f"FAILED: {row['error']}"
+    exact = (row.get("exactness") or {}).get("verdict") or "-"
     return (f"accept {row['accept_length_mean']:.1f} (sd {row['accept_length_sd']:.1f}), "
             f"{row['tokens_per_s']:.1f} tok/s, step {row['step_time_ms']:.0f} ms, "
-            f"{row['requests'] - row['failures']}/{row['requests']} requests")
+            f"{row['requests'] - row['failures']}/{row['requests']} requests, exactness {exact}")
 
 
 def summary(results: dict, paths: dict[str, Path]) -> str:

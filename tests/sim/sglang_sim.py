@@ -331,28 +331,108 @@ def prompt_tokens(text: str) -> int:
     return max(1, len(re.findall(r"\w+|[^\w\s]", text)))
 
 
-def greedy_words(prompt: str, n: int) -> list[str]:
-    seed = hashlib.sha256(prompt.encode("utf-8")).digest()
+# ---------------------------------------------------------------------------------------------------------
+# The target's greedy tokens and log-probabilities (what the exactness gate compares; README.md)
+# ---------------------------------------------------------------------------------------------------------
+
+NEAR_TIE_RATE = 0.03  # share of the target's steps whose top-1/top-2 gap is a near-tie...
+NEAR_TIE_GAP = 0.03  # ...below this many nats (the H200's measured bf16 verify/decode flips: gaps <= 0.031)
+WIDE_GAP = (0.3, 3.0)  # any other step's gap lies in this range (nats)
+REST_MASS = 0.2  # probability of the tokens other than the top two (shapes the log-probabilities only)
+FLIP_SHARE = 0.4  # a speculative engine takes the runner-up at this share of the near-tie steps (numerics)
+LEAK_RATE = 0.5  # no forking, hybrid, budget > block - 1: per-step divergence LEAK_RATE * (1 - ((B-1)/b)^1.6)
+
+
+@dataclass(frozen=True)
+class TargetStep:
+    """The simulated target at one position: its top two tokens (ids into WORDS) and their log-probs."""
+
+    top1: int
+    lp1: float
+    top2: int
+    lp2: float
+    other: int  # a third token (what a state leak may pick)
+    u_flip: float  # uniform draws fixed by the position: near-tie flip and leak decisions
+    u_leak: float
+
+    @property
+    def gap(self) -> float:
+        return self.lp1 - self.lp2
+
+
+def _u32(h: bytes, i: int) -> int:
+    return int.from_bytes(h[4 * i:4 * i + 4], "little")
+
+
+def target_step(state: bytes) -> TargetStep:
+    h = hashlib.sha256(b"target" + state).digest()
+    v = len(WORDS)
+    top1 = _u32(h, 0) % v
+    top2 = (top1 + 1 + _u32(h, 1) % (v - 1)) % v
+    other = next(t for t in ((top1 + 1 + _u32(h, 2) % (v - 1) + k) % v for k in range(3)) if t not in (top1, top2))
+    u = _u32(h, 3) / 2**32
+    near = _u32(h, 4) / 2**32 < NEAR_TIE_RATE
+    gap = u * NEAR_TIE_GAP if near else WIDE_GAP[0] + u * (WIDE_GAP[1] - WIDE_GAP[0])
+    p1 = (1.0 - REST_MASS) / (1.0 + math.exp(-gap))
+    return TargetStep(top1, math.log(p1), top2, math.log(p1) - gap, other, _u32(h, 5) / 2**32, _u32(h, 6) / 2**32)
+
+
+def leak_rate(cfg: SpecConfig) -> float:
+    """Per-step share of steps at which a state leak makes the engine's token differ from the target's."""
+    if not cfg.collapses:  # forking on, a pure-attention target, or a budget within the block
+        return 0.0
+    return LEAK_RATE * (1.0 - ((cfg.block_size - 1) / cfg.budget) ** COLLAPSE_POWER)
+
+
+def decode(prompt: str, n: int, cfg: SpecConfig | None = None,
+           rng: random.Random | None = None) -> list[tuple[int, float, TargetStep]]:
+    """``n`` tokens for ``prompt``: (token id, its log-prob, the target's step) each. The target's state
+    is a hash of the prompt and the tokens so far, so a different token changes every later step.
+
+    Greedy (``rng`` None): the autoregressive engine takes top-1 always; a speculative engine takes the
+    runner-up at a fixed share of the near-tie steps (deterministic per prompt), and, with a state leak
+    (``leak_rate``), the runner-up or a third token at that rate; both only after the first token, which
+    comes from the prefill. Sampled: a random token (from ``rng``)."""
+    state = hashlib.sha256(prompt.encode("utf-8")).digest()
+    speculative = cfg is not None and cfg.algorithm != "NONE"
+    leak = leak_rate(cfg) if cfg is not None else 0.0
     out = []
     for i in range(n):
-        h = hashlib.sha256(seed + i.to_bytes(4, "little")).digest()
-        out.append(WORDS[int.from_bytes(h[:4], "little") % len(WORDS)])
+        st = target_step(state)
+        if rng is not None:
+            token = rng.randrange(len(WORDS))
+        else:
+            token = st.top1
+            if i == 0:  # the first token comes from the target's prefill, not from a verify step
+                pass
+            elif speculative and st.gap < NEAR_TIE_GAP and st.u_flip < FLIP_SHARE:
+                token = st.top2
+            if i > 0 and st.u_leak < leak:
+                token = st.top2 if st.u_flip < 0.5 else st.other
+        lp = st.lp1 if token == st.top1 else st.lp2 if token == st.top2 else math.log(REST_MASS / (len(WORDS) - 2))
+        out.append((token, lp, st))
+        state = hashlib.sha256(state + token.to_bytes(4, "little")).digest()
     return out
+
+
+def greedy_words(prompt: str, n: int, cfg: SpecConfig | None = None) -> list[str]:
+    return [WORDS[t] for t, _lp, _st in decode(prompt, n, cfg)]
 
 
 class Request:
     def __init__(self, prompt: str, max_new: int, greedy: bool, seed: int, sample_rng: random.Random,
-                 stream: bool):
+                 stream: bool, cfg: SpecConfig | None = None):
         self.prompt = prompt
         self.prompt_tokens = prompt_tokens(prompt)
         self.max_new = max_new
         self.id = uuid.uuid4().hex
         if greedy:
             self.rng = random.Random(f"{seed}:{max_new}:{prompt}")
-            self.words = greedy_words(prompt, max_new)
+            self.steps = decode(prompt, max_new, cfg)
         else:
             self.rng = random.Random(sample_rng.random())
-            self.words = [self.rng.choice(WORDS) for _ in range(max_new)]
+            self.steps = decode(prompt, max_new, cfg, random.Random(self.rng.random()))
+        self.words = [WORDS[t] for t, _lp, _st in self.steps]
         self.generated = 0
         self.verify_ct = 0
         self.prefilled = False
@@ -411,7 +491,7 @@ class Engine:
 
     def new_request(self, prompt: str, max_new: int, greedy: bool, stream: bool) -> Request:
         with self.cv:
-            return Request(prompt, max_new, greedy, self.seed, self.sample_rng, stream)
+            return Request(prompt, max_new, greedy, self.seed, self.sample_rng, stream, self.cfg)
 
     def submit(self, req: Request) -> None:
         with self.cv:
@@ -601,9 +681,10 @@ class Sim:
                 "features": sorted(self.features),
                 "hybrid_model": self.hybrid,
                 "hybrid_source": self.hybrid_source,
-                "state_forking": "fork" in self.features,
-                "fused_topk": "topk" in self.features,
+                "state_forking": self.engine.cfg.fork,
+                "fused_topk": self.engine.cfg.fused_topk,
                 "model_mean_accept_length": round(self.engine.accept_mean, 4),
+                "divergence_rate": round(leak_rate(self.engine.cfg), 4),
                 "accept_override": self.accept_override,
             },
         }
@@ -780,6 +861,22 @@ class Handler(BaseHTTPRequestHandler):
             self.sim.engine.submit(r)
         return reqs
 
+    @staticmethod
+    def _logprobs(r: Request, top_n: int, with_text: bool) -> dict:
+        """SGLang 0.5.23's shape: per generated token [logprob, token_id, text|null], and per token a list
+        of the top ``top_n`` such triples (only when top_logprobs_num > 0). The input side is not simulated."""
+        def triple(token: int, lp: float) -> list:
+            return [round(lp, 6), token, " " + WORDS[token] if with_text else None]
+
+        steps = r.steps[:r.generated]
+        out: dict = {"input_token_logprobs": [], "output_token_logprobs": [triple(t, lp) for t, lp, _st in steps],
+                     "output_token_logprobs_length": len(steps)}
+        if top_n > 0:
+            out["input_top_logprobs"] = []
+            out["output_top_logprobs"] = [[triple(st.top1, st.lp1), triple(st.top2, st.lp2)][:top_n]
+                                          for _t, _lp, st in steps]
+        return out
+
     def _meta(self, r: Request) -> dict:
         end = r.end if r.end is not None else time.monotonic()
         meta = {"id": r.id, "prompt_tokens": r.prompt_tokens, "completion_tokens": r.generated,
@@ -810,11 +907,18 @@ class Handler(BaseHTTPRequestHandler):
             raise BadRequest("sampling_params must be a JSON object")
         max_new, greedy = self._sampling(sp, "max_new_tokens", 128, 1.0)
         stream = bool(body.get("stream", False))
+        return_logprob = body.get("return_logprob", False)
+        if not isinstance(return_logprob, bool):
+            raise BadRequest(f"return_logprob must be true or false, not {return_logprob!r}")
+        top_n = _number(body, "top_logprobs_num", 0, int, 0, len(WORDS))
+        with_text = bool(body.get("return_text_in_logprobs", False))
         reqs = self._run([text] if single else text, max_new, greedy, stream)
         if not stream:
             for r in reqs:
                 r.done.wait()
-            out = [{"text": r.text(), "meta_info": self._meta(r)} for r in reqs]
+            logprobs = (lambda r: self._logprobs(r, top_n, with_text)) if return_logprob else (lambda r: {})
+            out = [{"text": r.text(), "output_ids": [t for t, _lp, _st in r.steps[:r.generated]],
+                    "meta_info": {**self._meta(r), **logprobs(r)}} for r in reqs]
             self._send(200, out[0] if single else out)
             return
         self._sse_start()

@@ -59,6 +59,63 @@ def test_thresholds_name_the_key_the_value_and_what_is_allowed(mapping, message)
     assert message in str(err.value)
 
 
+def test_the_gate_and_the_config_schema_define_the_thresholds_once(tmp_path):
+    # Same keys, same defaults: the config schema's gates section and GateThresholds must never diverge.
+    from dataclasses import fields
+
+    from sgdeploy import spec
+
+    schema = spec.SCHEMA["gates"]
+    assert [f.name for f in fields(gate.GateThresholds)] == list(schema)
+    assert gate.GateThresholds().to_dict() == {k: v[1] for k, v in schema.items()}
+    bare = tmp_path / "bare.yml"  # a config that sets no gate: it gets exactly the gate's defaults
+    bare.write_text(json.dumps({"model": {"path": "a/b", "revision": "main", "recurrent_layers": False},
+                                "serving": {"attention_backend": "triton"}}))
+    assert spec.load(bare).gates.as_mapping() == gate.GateThresholds().to_dict()
+
+
+def test_one_change_to_the_gates_definition_reaches_the_config_schema_and_the_gate():
+    # Change a default and a bound in sgdeploy.gate_schema only, before anything else is imported: the
+    # config schema and GateThresholds both follow (they read the one definition, they do not copy it).
+    code = ("import dataclasses, sgdeploy.gate_schema as s\n"
+            "s.FIELDS['bench_requests'] = dataclasses.replace(s.FIELDS['bench_requests'], default=7, "
+            "ok=lambda v: v >= 5, allowed='give 5 or more')\n"
+            "s.DEFAULTS['bench_requests'] = 7\n"
+            "from sgdeploy import gate, spec\n"
+            "assert spec.SCHEMA['gates']['bench_requests'] == ('int', 7)\n"
+            "assert gate.GateThresholds().bench_requests == 7\n"
+            "try:\n    gate.GateThresholds.from_mapping({'bench_requests': 4})\nexcept gate.GateError as e:\n"
+            "    print(e)\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "gates.bench_requests: 4 is not allowed; give 5 or more"
+
+
+@pytest.mark.parametrize("key, value", [
+    ("max_regression_pct", 150), ("max_regression_pct", -1), ("max_regression_pct", 0), ("min_accept_length", -0.5),
+    ("min_completed_fraction", 0), ("min_completed_fraction", 1), ("bench_requests", 0), ("warmup_requests", 0),
+    ("warmup_requests", -1), ("smoke_prompt", "  "), ("exactness_tie_tolerance", 0), ("exactness_tie_tolerance", 0.05),
+    ("exactness_tie_tolerance", 6), ("exactness_concurrency", 0), ("exactness_require_reference", True),
+])
+def test_the_gate_and_a_config_accept_and_refuse_the_same_values(tmp_path, key, value):
+    from sgdeploy import spec
+
+    path = tmp_path / "c.yml"
+    path.write_text(json.dumps({"extends": "ddtree-b15", "gates": {key: value}}))
+    try:
+        spec.load(path)
+        config_ok = True
+    except spec.ConfigError as err:
+        config_ok = False
+        assert f"gates.{key}" in str(err)
+    try:
+        gate.GateThresholds.from_mapping({key: value})
+        gate_ok = True
+    except gate.GateError:
+        gate_ok = False
+    assert config_ok == gate_ok
+
+
 # --- throughput and acceptance on given values ---------------------------------------------------------------
 
 def test_acceptance_fails_below_the_minimum_naming_value_and_threshold():
@@ -207,7 +264,7 @@ def gate_cli(*args: str) -> subprocess.CompletedProcess:
                           text=True, timeout=120)
 
 
-REPORT_KEYS = {"schema", "url", "speculative", "passed", "failed_gates", "gates", "bench", "baseline",
+REPORT_KEYS = {"schema", "url", "speculative", "passed", "failed_gates", "gates", "exactness", "bench", "baseline",
                "thresholds", "started", "finished"}
 RESULT_KEYS = {"gate", "metric", "value", "threshold", "baseline", "verdict", "reason", "details"}
 

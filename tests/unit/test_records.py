@@ -29,7 +29,7 @@ def rec(finished: str, outcome: str = "deployed", verdicts=("pass", "pass", "pas
 
 def test_a_record_has_the_documented_shape():
     r = rec("2026-01-01T10:05:00Z", rollback=None, message="ok")
-    assert list(r) == list(records.KEYS)
+    assert list(r) == [*records.KEYS, "exactness"]  # exactness: optional (older records lack it)
     assert r["schema"] == 1 and r["outcome"] == "deployed" and len(r["gates"]) == 3
     assert r["bench"]["tokens_per_s"] == 173.4
 
@@ -85,7 +85,8 @@ def test_status_table_shows_the_newest_record_per_config_and_host(tmp_path):
                 tps=92.0),
             rec("2026-01-01T11:05:00Z", host="lab2")]
     table = records.status_table(recs).splitlines()
-    assert table[0].split() == ["config", "host", "release", "outcome", "gates", "accept", "tok/s", "when"]
+    assert table[0].split() == ["config", "host", "release", "outcome", "gates", "exactness", "accept", "tok/s",
+                                "when"]
     assert table[1].split()[:4] == ["ddtree-b15", "lab1", "ddtree.fork.topk.abcdef12", "rolled_back"]
     assert table[1].endswith("2026-01-02 10:05:00Z")
     assert "fail: acceptance" in table[1] and "4.10" in table[1] and "92.0" in table[1]
@@ -111,7 +112,7 @@ def test_cli_status_last_good_and_write(tmp_path):
     rows = json.loads(status.stdout)
     assert [r["outcome"] for r in rows] == ["rolled_back"]
     assert set(rows[0]) == {"config", "host", "release", "outcome", "gates", "accept_length", "tokens_per_s",
-                            "finished", "message"}
+                            "finished", "message", "exactness"}
     assert "warning:" in status.stderr and "broken.json: not JSON" in status.stderr
 
     found = cli("last-good", str(recs), "--config", "ddtree-b15", "--host", "lab1")

@@ -139,6 +139,8 @@ def fleet(tmp_path_factory):
         "nofork64": ("ddtree.topk.abcdef12", ddtree(64, str(hybrid_dir)), {}),
         "fork64": ("ddtree.fork.topk.abcdef12", ddtree(64, str(hybrid_dir)), {}),
         "pure64": ("ddtree.topk.abcdef12", ddtree(64, PURE), {}),
+        "flagoff": ("ddtree.fork.topk.abcdef12",
+                    ddtree(15) + ["--speculative-ddtree-state-forking", "off", "--speculative-ddtree-topk", "torch"], {}),
         "ar": ("stock", ["--model-path", PURE], {}),
         "slow": ("stock", ["--model-path", PURE], {"SGLANG_SIM_SLOWDOWN": "3.0"}),
         "override": ("ddtree.fork.topk.abcdef12", ddtree(15), {"SGLANG_SIM_ACCEPT_OVERRIDE": "3.0"}),
@@ -329,6 +331,13 @@ def test_server_and_model_info(fleet):
     assert sim.get("/v1/models").json()["data"][0]["id"] == "qwen"
 
 
+def test_server_info_reports_the_switches_the_server_was_started_with(fleet):
+    # One release carries the whole series; the flags decide what runs, and the info says so.
+    info = fleet["flagoff"].wait_ready().get("/get_server_info").json()["simulator"]
+    assert "fork" in info["features"] and "topk" in info["features"]
+    assert info["state_forking"] is False and info["fused_topk"] is False
+
+
 def test_metrics_has_the_gauges(fleet):
     sim = fleet["main"].wait_ready()
     sim.generate("metrics please", 16)
@@ -478,3 +487,65 @@ def test_crash_after_n_requests(tmp_path):
         assert "simulated crash after 2 completed requests" in sim.log
     finally:
         sim.stop()
+
+
+# ------------------------------------------------------------------------------------------------------
+# the target's tokens and log-probabilities (the exactness gate's view)
+# ------------------------------------------------------------------------------------------------------
+
+
+def test_logprobs_come_in_sglangs_shape(fleet):
+    body = {"text": "The capital of France is", "sampling_params": {"temperature": 0, "max_new_tokens": 5},
+            "return_logprob": True, "top_logprobs_num": 2, "return_text_in_logprobs": True}
+    meta = fleet["main"].wait_ready().post("/generate", body).json()["meta_info"]
+    chosen, top = meta["output_token_logprobs"], meta["output_top_logprobs"]
+    assert len(chosen) == len(top) == meta["output_token_logprobs_length"] == 5
+    for (lp, tok, text), pairs in zip(chosen, top, strict=True):
+        assert lp <= 0 and isinstance(tok, int) and text.startswith(" ")
+        assert len(pairs) == 2 and pairs[0][0] > pairs[1][0]  # top-1 first, a real gap
+        assert tok in (pairs[0][1], pairs[1][1])
+    text = fleet["main"].post("/generate", {**body, "return_text_in_logprobs": False}).json()
+    assert text["meta_info"]["output_token_logprobs"][0][2] is None
+    plain = fleet["main"].post("/generate", {**body, "return_logprob": False}).json()["meta_info"]
+    assert "output_token_logprobs" not in plain and "output_top_logprobs" not in plain
+    no_top = fleet["main"].post("/generate", {**body, "top_logprobs_num": 0}).json()["meta_info"]
+    assert "output_top_logprobs" not in no_top and len(no_top["output_token_logprobs"]) == 5
+    bad = fleet["main"].post("/generate", {**body, "return_logprob": "yes"})
+    assert bad.status_code == 400 and "return_logprob" in bad.text
+
+
+def answers(sim) -> list[dict]:
+    from sgdeploy import exactness
+
+    outputs, errors = exactness.collect(sim.wait_ready().url, exactness.load_prompts(), concurrency=16, timeout=120)
+    assert not errors, errors
+    return outputs
+
+
+def test_only_a_state_leak_leaves_the_targets_tokens(fleet):
+    from sgdeploy import exactness
+
+    ar = answers(fleet["ar"])
+    assert all(o["tokens"] == [step[0][1] for step in o["top"]] for o in ar)  # the target takes top-1 always
+    ref = exactness.build_reference(ar, exactness.load_prompts(), {"key": "m", "label": "m"}, config="ar",
+                                    host="h", release=None, concurrency=16)
+    for name in ("main", "fork64", "nofork15", "pure64", "override"):  # no leak: near-tie flips at most
+        v = exactness.compare(ref, answers(fleet[name]), 0.1)
+        assert v.verdict == "pass", (name, v.reason)
+        assert 4 <= v.equal < 16 and all(f["gap"] < 0.03 for f in v.details["near_tie_flips"])
+    leak = exactness.compare(ref, answers(fleet["nofork64"]), 0.1)
+    assert leak.verdict == "fail" and leak.equal == 0
+    assert max(f["step"] for f in leak.details["failures"]) <= 12  # it leaves the target within a few steps
+    # Forced acceptance changes the steps, not the tokens.
+    assert answers(fleet["override"]) == answers(fleet["main"])
+
+
+def test_the_divergence_rate_rises_with_the_budget_and_only_without_forking():
+    m = load_model()
+
+    def rate(budget: int, fork: bool = False, hybrid: bool = True) -> float:
+        return m.leak_rate(m.SpecConfig("DDTREE", 16, budget, 8, hybrid=hybrid, fork=fork))
+
+    assert rate(15) == 0.0 and rate(64, fork=True) == 0.0 and rate(64, hybrid=False) == 0.0
+    assert 0 < rate(16) < rate(32) < rate(64) < m.LEAK_RATE
+    assert rate(64) == pytest.approx(0.451, abs=0.001)
