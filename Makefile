@@ -140,3 +140,9 @@ test: lint test-unit test-lab ## Everything CI runs: lint, unit tests, lab tests
 
 clean: ## Remove build/ and reports/ (keeps the lab's cached root filesystem)
 	rm -rf build/render build/wheels reports
+
+.PHONY: plan
+plan: $(STAMP) ## Show what a deploy of CONFIG would change, changing nothing (--check --diff) [INVENTORY= LIMIT=]
+	$(need_config)
+	$(ensure_lab)
+	ansible-playbook -i $(INV) $(LIMIT_ARG) playbooks/deploy.yml --check --diff -e config=$(CONFIG)
