@@ -39,6 +39,7 @@ def wait_on_host(lab, condition: str, seconds: float = 180, host: str = "lab1") 
 
 
 def start_deploy(lab, config: str, limit: str = "lab1") -> subprocess.Popen:
+    """ansible-playbook in its own process group (so that a test can kill it and all its workers)."""
     cmd = [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(lab.inventory), "playbooks/deploy.yml",
            "-e", f"config={config}", "--limit", limit]
     return subprocess.Popen(cmd, cwd=REPO, env=lab.ansible_env(), text=True, stdout=subprocess.PIPE,
@@ -162,7 +163,11 @@ def test_a_refused_second_deploy_and_a_rollback_during_a_deploy_write_nothing(la
         assert rollback.returncode != 0
         assert "ROLLBACK REFUSED" in output_of(rollback) and "another deploy holds the lock" in output_of(rollback)
     finally:
-        out, _ = first.communicate(timeout=600)
+        try:
+            out, _ = first.communicate(timeout=600)
+        except subprocess.TimeoutExpired:
+            os.killpg(first.pid, signal.SIGKILL)
+            raise
     assert first.returncode == 0, out[-3000:]
     current = json.loads(lab.ssh("lab1", f"cat {STATE}/lab-slow-start/current.json").stdout)
     assert current["ports"][0] == 30000
@@ -255,3 +260,36 @@ def test_a_canary_secret_lands_only_in_the_env_file_on_the_host(lab, tmp_path):
     proc = deploy(lab, "ddtree-b15")
     assert proc.returncode == 0, output_of(proc)[-3000:]
     assert_baseline_serves(lab)
+
+
+def test_non_default_state_dir_service_user_env_dir_and_release_root_work_end_to_end(lab, tmp_path):
+    """Issue 19: every variable in the role's argument_specs works; testinfra checks the host."""
+    if len(lab.hosts) < 2:
+        pytest.skip("needs a second lab host")
+    settings = {"sglang_deploy_state_dir": "/srv/sgd-state", "sglang_deploy_service_user": "sgsvc",
+                "sglang_deploy_env_dir": "/etc/sgsvc", "sglang_deploy_release_root": "/srv/sgd-releases"}
+    inv = yaml.safe_load(lab.inventory.read_text())
+    inv["all"]["children"]["gpu_hosts"]["hosts"]["lab2"].update(settings)
+    inventory = tmp_path / "inventory.yml"
+    inventory.write_text(yaml.safe_dump(inv))
+    cmd = [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(inventory), "playbooks/deploy.yml",
+           "-e", "config=ddtree-b15", "--limit", "lab2"]
+    proc = subprocess.run(cmd, cwd=REPO, env=lab.ansible_env(), text=True, capture_output=True, timeout=900,
+                          check=False)
+    try:
+        assert proc.returncode == 0, output_of(proc)[-4000:]
+        unit = lab.ssh("lab2", "systemctl cat sglang-ddtree-b15.service").stdout
+        assert "User=sgsvc" in unit and "EnvironmentFile=/etc/sgsvc/ddtree-b15.env" in unit
+        assert "/srv/sgd-releases/" in unit
+        assert lab.ssh("lab2", "ls /srv/sgd-state/ddtree-b15/current.json /srv/sgd-state/ddtree-b15/records/").stdout
+        assert lab.ssh("lab2", "test -e /var/lib/sglang-deploy/ddtree-b15", check=False).returncode != 0
+        infra = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
+                                "tests/infra/test_service.py", "--hosts=ansible://lab2",
+                                f"--ansible-inventory={inventory}"], cwd=REPO,
+                               env=lab.ansible_env(), text=True, capture_output=True, timeout=300, check=False)
+        assert infra.returncode == 0, infra.stdout[-3000:] + infra.stderr[-2000:]
+        assert "passed" in infra.stdout and "skipped" not in infra.stdout, infra.stdout[-2000:]
+    finally:
+        lab.ssh("lab2", "systemctl disable --now sglang-ddtree-b15.service; "
+                        "rm -rf /etc/systemd/system/sglang-ddtree-b15.service /srv/sgd-state /etc/sgsvc; "
+                        "systemctl daemon-reload", check=False)

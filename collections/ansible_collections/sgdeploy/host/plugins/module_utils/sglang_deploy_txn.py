@@ -200,6 +200,10 @@ def _current_of(deploy):
     current = {k: deploy[k] for k in ("config", "unit_name", "release", "bind_address", "ports", "gpus",
                                       "speculative")}
     current["unit_digest"] = deploy["digest"]
+    for key, value in (("env_file", deploy.get("env_name")), ("service_user", deploy.get("service_user")),
+                       ("release_dir", deploy.get("release_dir"))):
+        if value:
+            current[key] = value
     current["deployed"] = now_iso()
     return current
 

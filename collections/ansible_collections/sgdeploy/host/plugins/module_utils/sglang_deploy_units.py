@@ -40,22 +40,27 @@ def config_of(unit):
     return unit[len("sglang-"):-len(".service")] if unit.startswith("sglang-") and unit.endswith(".service") else unit
 
 
-def listeners():
-    """Listening TCP sockets with their owning pids and systemd unit (from `ss -ltnpH`)."""
-    proc = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True, check=False)
+def parse_ss(text):
+    """Listening TCP sockets in the output of `ss -ltnpH`: address, port, pids, process, line."""
     out = []
-    for line in proc.stdout.splitlines():
+    for line in text.splitlines():
         parts = line.split()
         if len(parts) < 4:
             continue
         addr, _, port = parts[3].rpartition(":")
         if not port.isdigit():
             continue
-        pids = [int(p) for p in re.findall(r"pid=(\d+)", line)]
         names = re.findall(r'\("([^"]+)"', line)
-        out.append({"address": addr.strip("[]"), "port": int(port), "pids": pids,
-                    "process": names[0] if names else "?", "unit": unit_of(pids[0]) if pids else None})
+        out.append({"address": addr.strip("[]"), "port": int(port),
+                    "pids": [int(p) for p in re.findall(r"pid=(\d+)", line)],
+                    "process": names[0] if names else "?", "line": line.strip()})
     return out
+
+
+def listeners():
+    """Listening TCP sockets with their owning pids and systemd unit."""
+    proc = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True, check=False)
+    return [dict(s, unit=unit_of(s["pids"][0]) if s["pids"] else None) for s in parse_ss(proc.stdout)]
 
 
 def unit_of(pid):
