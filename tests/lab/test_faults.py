@@ -230,8 +230,9 @@ def test_a_canary_secret_lands_only_in_the_env_file_on_the_host(lab, tmp_path):
     seen_in_ps: list[str] = []
     cmd = [str(Path(sys.executable).parent / "ansible-playbook"), "-vvv", "-i", str(inventory), "playbooks/deploy.yml",
            "-e", f"config={LAB_CONFIGS / 'lab-port-31000.yml'}", "--limit", "lab1"]
-    run = subprocess.Popen(cmd, cwd=REPO, env=lab.ansible_env(), text=True, stdout=subprocess.PIPE,
-                           stderr=subprocess.STDOUT)
+    log = tmp_path / "deploy.log"  # a file, not a pipe: -vvv fills a pipe nobody reads while we poll
+    with log.open("w") as sink:
+        run = subprocess.Popen(cmd, cwd=REPO, env=lab.ansible_env(), text=True, stdout=sink, stderr=subprocess.STDOUT)
     try:
         while run.poll() is None:
             ps = lab.ssh("lab1", "ps -eo args=", check=False).stdout
@@ -240,7 +241,8 @@ def test_a_canary_secret_lands_only_in_the_env_file_on_the_host(lab, tmp_path):
             seen_in_ps += [line for line in local.splitlines() if canary in line]
             time.sleep(0.5)
     finally:
-        out, _ = run.communicate(timeout=600)
+        run.wait(timeout=600)
+    out = log.read_text()
     assert run.returncode == 0, out[-3000:]
     assert canary not in out
     assert not seen_in_ps
