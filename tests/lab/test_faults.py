@@ -247,8 +247,9 @@ def test_a_canary_secret_lands_only_in_the_env_file_on_the_host(lab, tmp_path):
     assert canary not in out
     assert not seen_in_ps
     for folder in ("build", "reports"):
-        hits = subprocess.run(["grep", "-rl", canary, str(REPO / folder)], capture_output=True, text=True,
-                              check=False).stdout
+        # The lab hosts' own root filesystems live under build/lab*/hosts/: that is the host, not the controller.
+        hits = subprocess.run(["grep", "-rl", "--exclude-dir=rootfs", canary, str(REPO / folder)],
+                              capture_output=True, text=True, check=False).stdout
         assert hits == "", hits
     env_file = "/etc/sglang/lab-port-31000.env"
     folders = "/etc /var/lib /opt /run /tmp /root /usr/local"
