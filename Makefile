@@ -162,7 +162,7 @@ lab-status: $(STAMP) ## List the lab hosts
 	$(PY) tests/lab/lab.py status
 
 lint: $(STAMP) ## ruff, yamllint, ansible-lint (production profile)
-	$(VENV)/bin/ruff check sgdeploy tests patches/sglang/src
+	$(VENV)/bin/ruff check sgdeploy tests patches/sglang/src collections
 	$(VENV)/bin/yamllint -s .
 	$(VENV)/bin/ansible-lint --offline -q --profile production playbooks roles
 
@@ -206,3 +206,10 @@ reference: $(STAMP) ## Record CONFIG's exactness reference: its target alone on 
 	 $(SGDEPLOY) exactness reference-config "$$CONFIG" --out "$$ref" >/dev/null && \
 	 $(ANSIBLE_PLAYBOOK) -i "$$INV" "$${lim[@]}" playbooks/deploy.yml -e config="$$ref" && \
 	 $(ANSIBLE_PLAYBOOK) -i "$$INV" "$${lim[@]}" playbooks/deploy.yml -e config="$$CONFIG"
+
+.PHONY: plan
+plan: $(STAMP) ## Show what a deploy of CONFIG would change, changing nothing (--check --diff) [INVENTORY= LIMIT=]
+	$(need_config)
+	@$(SGDEPLOY) validate "$$CONFIG" >/dev/null
+	$(ensure_lab)
+	$(ANSIBLE_PLAYBOOK) -i "$$INV" $(LIMIT_ARG) playbooks/deploy.yml --check --diff -e config="$$CONFIG"

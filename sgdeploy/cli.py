@@ -47,7 +47,7 @@ DELEGATED: dict[str, tuple[str, str]] = {
     "sweep": ("sweep", "sweep a DDTREE config over budgets and top-k caps on one host (sgdeploy.sweep)"),
     "bench": ("bench", "the fixed greedy benchmark against a service URL (sgdeploy.bench)"),
     "records": ("records", "read or write deploy records in a folder (sgdeploy.records)"),
-    "exactness": ("exactness", "the exactness gate's target-alone config, comparison and collection (sgdeploy.exactness)"),
+    "exactness": ("exactness", "the exactness gate's target-alone config, comparison, collection (sgdeploy.exactness)"),
     "patchwork": ("patchwork", "lay out the series in build/patchwork/ or write a diff back (sgdeploy.patchwork)"),
 }
 
@@ -87,6 +87,8 @@ def host_settings(config: spec.Config, args: argparse.Namespace) -> render.HostS
         bind_address=args.bind_address or None,
         launcher=args.launcher or render.DEFAULT_LAUNCHER,
         release_root=args.release_root,
+        service_user=getattr(args, "service_user", render.SERVICE_USER),
+        env_dir=getattr(args, "env_dir", render.ENV_DIR),
     )
 
 
@@ -236,6 +238,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--launcher", default="", help=f"what the release python runs (default "
                    f"'{render.DEFAULT_LAUNCHER}')")
     p.add_argument("--secret-env-json", default="", help=argparse.SUPPRESS)
+    p.add_argument("--service-user", default=render.SERVICE_USER, help="the service account (User=, Group=)")
+    p.add_argument("--env-dir", default=render.ENV_DIR, help="folder of the env file on the host")
     p.add_argument("--no-verify", action="store_true", help="skip systemd-analyze verify")
     p.add_argument("--json", action="store_true", help="print a JSON description instead of paths")
     p.set_defaults(func=cmd_render)

@@ -40,6 +40,7 @@ class HostSettings:
     release_root: str = RELEASE_ROOT
     cuda_home: str = "/usr/local/cuda"
     service_user: str = SERVICE_USER
+    env_dir: str = ENV_DIR
 
 
 @dataclass(frozen=True)
@@ -157,7 +158,7 @@ def render(config: Config, host: HostSettings, secret_env: dict[str, str] | None
     release_dir = f"{host.release_root}/{host.release_label}"
     path_dirs = [f"{host.cuda_home}/bin", f"{release_dir}/venv/bin",
                  "/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin"]
-    env_name = f"{ENV_DIR}/{config.name}.env"
+    env_name = f"{host.env_dir}/{config.name}.env"
     env = _environment()
     unit_text = env.get_template("sglang.service.j2").render(
         config=config,

@@ -132,30 +132,45 @@ class WaitResult:
         return asdict(self)
 
 
-def unit_state(unit: str) -> str:
-    """systemd's ActiveState of a unit (active, activating, failed, inactive, ...)."""
+def _unit_props(unit: str) -> dict[str, str]:
     import subprocess
 
     proc = subprocess.run(["systemctl", "show", "-p", "ActiveState", "-p", "NRestarts", unit],
                           capture_output=True, text=True, check=False)
-    props = dict(line.split("=", 1) for line in proc.stdout.splitlines() if "=" in line)
-    if props.get("NRestarts", "0") not in ("", "0"):
-        return "restarted"  # it crashed at least once since this start
+    return dict(line.split("=", 1) for line in proc.stdout.splitlines() if "=" in line)
+
+
+def unit_restarts(unit: str) -> int:
+    """systemd's NRestarts of a unit: cumulative until `systemctl reset-failed`, so only a change
+    against a baseline taken at the start says anything."""
+    value = _unit_props(unit).get("NRestarts", "")
+    return int(value) if value.isdigit() else 0
+
+
+def unit_state(unit: str, restarts_baseline: int = 0) -> str:
+    """systemd's ActiveState of a unit (active, activating, failed, inactive, ...), or "restarted"
+    when NRestarts grew beyond ``restarts_baseline`` (it crashed since the wait began)."""
+    props = _unit_props(unit)
+    restarts = props.get("NRestarts", "")
+    if restarts.isdigit() and int(restarts) > restarts_baseline:
+        return "restarted"
     return props.get("ActiveState", "unknown")
 
 
 def wait_healthy(base_url: str, timeout: float, interval: float = 1.0, unit: str | None = None) -> WaitResult:
     """Poll ``/health`` until it answers 200 or ``timeout`` seconds have passed.
 
-    With ``unit``, give up early when systemd reports the service failed or stopped (a crash at
-    start, a failed CUDA-graph capture): waiting out a 30-minute load timeout would tell nothing more.
+    With ``unit``, give up early when systemd reports the service failed or stopped, or restarted
+    since this wait began (a crash at start, a failed CUDA-graph capture): waiting out a 30-minute
+    load timeout would tell nothing more.
     """
     start = time.monotonic()
+    baseline = unit_restarts(unit) if unit is not None else 0
     while True:
         if is_healthy(base_url, timeout=min(5.0, max(interval, 1.0))):
             return WaitResult(True, "healthy", round(time.monotonic() - start, 3), "service is healthy")
         if unit is not None:
-            state = unit_state(unit)
+            state = unit_state(unit, baseline)
             if state in ("failed", "inactive", "restarted"):
                 return WaitResult(False, "exited", round(time.monotonic() - start, 3),
                                   f"{unit} is {state} before {base_url}/health answered 200 "

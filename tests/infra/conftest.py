@@ -57,6 +57,7 @@ class Deployment:
     host_name: str
     config: str
     current: dict
+    state_root: str = STATE_ROOT
 
     @property
     def unit(self) -> str:
@@ -68,7 +69,7 @@ class Deployment:
 
     @property
     def release_dir(self) -> str:
-        return f"{RELEASES}/{self.release}"
+        return self.current.get("release_dir") or f"{RELEASES}/{self.release}"
 
     @property
     def bind_address(self) -> str:
@@ -80,11 +81,15 @@ class Deployment:
 
     @property
     def state_dir(self) -> str:
-        return f"{STATE_ROOT}/{self.config}"
+        return f"{self.state_root}/{self.config}"
 
     @property
     def env_file(self) -> str:
-        return f"{ENV_DIR}/{self.config}.env"
+        return self.current.get("env_file") or f"{ENV_DIR}/{self.config}.env"
+
+    @property
+    def service_user(self) -> str:
+        return self.current.get("service_user") or "sglang"
 
     def __str__(self) -> str:
         return f"{self.host_name}: {self.config}"
@@ -125,17 +130,19 @@ def deployments(host, request) -> list[Deployment]:
         reached, detail = False, getattr(exc.args[0], "stderr", str(exc)).strip() if exc.args else str(exc)
     if not reached:
         pytest.fail(f"{name}: cannot run a command on the host: {detail}", pytrace=False)
+    # The deploy role's state folder (inventory sglang_deploy_state_dir), as the deploy used it.
+    root = str(host.ansible.get_variables().get("sglang_deploy_state_dir") or STATE_ROOT)
     wanted = wanted_configs(request.config)
     if wanted:
         out, missing = [], []
         for config in wanted:
-            current = read_json(host, f"{STATE_ROOT}/{config}/current.json")
+            current = read_json(host, f"{root}/{config}/current.json")
             if current is None:
                 missing.append(config)
             else:
-                out.append(Deployment(name, config, current))
+                out.append(Deployment(name, config, current, root))
         if missing:
-            pytest.fail(f"{name}: {', '.join(missing)} not deployed: no readable {STATE_ROOT}/<config>/current.json "
+            pytest.fail(f"{name}: {', '.join(missing)} not deployed: no readable {root}/<config>/current.json "
                         "(never deployed green here, or replaced by another config; `make status` shows what runs)",
                         pytrace=False)
         return out

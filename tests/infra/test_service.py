@@ -4,21 +4,26 @@
 
 For each config whose `/var/lib/sglang-deploy/<config>/current.json` is on the host (or each --config):
 the release it names is installed and patched for the config, the unit is enabled, active and runs as
-`sglang` with `HF_HUB_OFFLINE=1`, the service port is bound to the configured address only, the
-environment file (secrets) is 0640 root:sglang, and the newest deploy record is green. Every check
+the service user its current.json names (`sglang` by default) with `HF_HUB_OFFLINE=1`, the service port
+is bound to the configured address only, the
+environment file (secrets) is 0640 root:<service group>, and the newest deploy record is green. Every check
 looks at all the configs of the host and reports every problem it finds, one line each.
 """
 
 from __future__ import annotations
 
 import json
-import re
 import shlex
+import sys
+from pathlib import Path
 
 import pytest
 from conftest import read_json  # the helper the fixtures use too (tests/infra/conftest.py)
 
-SERVICE_USER = "sglang"
+# The same parser of `ss -ltnpH` as the deploy's plan module (collection sgdeploy.host).
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "collections"))
+from ansible_collections.sgdeploy.host.plugins.module_utils.sglang_deploy_units import parse_ss  # noqa: E402
+
 SGLANG_VERSION = "0.5.23"
 WILDCARDS = ("0.0.0.0", "::", "*")
 
@@ -45,18 +50,8 @@ def process_tree(host, pid: int) -> set[int]:
 
 
 def listeners(host) -> list[dict]:
-    """Listening TCP sockets as `ss -ltnpH` sees them: address, port and owning pids."""
-    out = []
-    for line in host.run("ss -ltnpH").stdout.splitlines():
-        parts = line.split()
-        if len(parts) < 4:
-            continue
-        addr, _, port = parts[3].rpartition(":")
-        if not port.isdigit():
-            continue
-        out.append({"address": addr.strip("[]"), "port": int(port),
-                    "pids": {int(p) for p in re.findall(r"pid=(\d+)", line)}, "line": line.strip()})
-    return out
+    """Listening TCP sockets as `ss -ltnpH` sees them: address, port and owning pids (a set)."""
+    return [dict(s, pids=set(s["pids"])) for s in parse_ss(host.run("ss -ltnpH").stdout)]
 
 
 def record_sort_key(name: str) -> tuple[str, int]:
@@ -142,12 +137,12 @@ def test_unit_enabled_active_and_runs_as_sglang(host, deployments):
             problems.append(f"{d}: {d.unit} is {state or 'unknown'}, not active")
             continue
         user = host.run(f"systemctl show -p User --value {shlex.quote(d.unit)}").stdout.strip()
-        if user != SERVICE_USER:
-            problems.append(f"{d}: {d.unit} has User={user or '(root)'}, expected {SERVICE_USER}")
+        if user != d.service_user:
+            problems.append(f"{d}: {d.unit} has User={user or '(root)'}, expected {d.service_user}")
         pid = main_pid(host, d.unit)
         owner = host.run(f"ps -o user= -p {pid}").stdout.strip() if pid else ""
-        if owner != SERVICE_USER:
-            problems.append(f"{d}: {d.unit}'s main process (pid {pid}) runs as {owner or '?'}, not {SERVICE_USER}")
+        if owner != d.service_user:
+            problems.append(f"{d}: {d.unit}'s main process (pid {pid}) runs as {owner or '?'}, not {d.service_user}")
     report(problems)
 
 
@@ -189,9 +184,9 @@ def test_env_file_is_0640_root_sglang(host, deployments):
         if not f.exists:
             problems.append(f"{d}: {d.env_file} is missing")
             continue
-        if (f.mode, f.user, f.group) != (0o640, "root", SERVICE_USER):
-            problems.append(f"{d}: {d.env_file} is {f.mode:04o} {f.user}:{f.group}, expected 0640 root:{SERVICE_USER} "
-                            "(it may hold secrets)")
+        if (f.mode, f.user, f.group) != (0o640, "root", d.service_user):
+            problems.append(f"{d}: {d.env_file} is {f.mode:04o} {f.user}:{f.group}, expected 0640 "
+                            f"root:{d.service_user} (it may hold secrets)")
     report(problems)
 
 

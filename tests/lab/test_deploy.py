@@ -114,6 +114,22 @@ def test_redeploy_changes_nothing_and_is_quick(lab):
     save_timing("no_change_redeploy_s", seconds)
 
 
+HOST_FILES = ("find /etc/systemd/system /etc/sglang /var/lib/sglang-deploy /opt/sglang/releases -maxdepth 3 -type f "
+              "-print0 | sort -z | xargs -0 sha256sum; systemctl list-units 'sglang-*' --all --no-legend --plain")
+
+
+def test_check_diff_plans_a_change_and_changes_nothing(lab):
+    before = lab.ssh("lab1", HOST_FILES).stdout
+    pid = lab.ssh("lab1", "systemctl show -p MainPID --value sglang-ddtree-b15").stdout.strip()
+    proc = deploy(lab, "ddtree-b32", "--check", "--diff")
+    out = output_of(proc)
+    assert proc.returncode == 0, out[-4000:]
+    assert "--speculative-ddtree-budget 32" in out and "+++ after: /etc/systemd/system/sglang-ddtree-b32.service" in out
+    assert lab.ssh("lab1", HOST_FILES).stdout == before
+    assert lab.ssh("lab1", "systemctl show -p MainPID --value sglang-ddtree-b15").stdout.strip() == pid
+    assert lab.ssh("lab1", "test -e /run/sglang-deploy.lock", check=False).returncode != 0
+
+
 def test_gates_run_from_the_controller_through_an_ssh_tunnel(lab):
     proc = subprocess.run([sys.executable, "-m", "sgdeploy", "gate", "ddtree-b15", "--inventory", str(lab.inventory),
                            "--host", "lab1"], cwd=REPO, capture_output=True, text=True, timeout=300, check=False)

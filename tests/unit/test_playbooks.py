@@ -39,3 +39,17 @@ def test_syntax_check_catches_a_broken_playbook(tmp_path):
         assert syntax_check(broken).returncode != 0
     finally:
         broken.unlink()
+
+
+OWN_HOST_STEPS = [REPO / "playbooks" / f"{name}.yml" for name in ("deploy", "rollback", "status")] + [
+    p for p in sorted((REPO / "roles" / "sglang_deploy" / "tasks").glob("*.yml")) if p.name != "gate.yml"]
+
+
+@pytest.mark.parametrize("path", OWN_HOST_STEPS, ids=[p.name for p in OWN_HOST_STEPS])
+def test_host_steps_are_modules_not_copied_python(path):
+    """Issue 19: the deploy's host steps are sgdeploy.host modules; no `python3 -m sgdeploy.X` with
+    PYTHONPATH (only tasks/gate.yml still runs the copied gate), no secrets in any argv."""
+    text = path.read_text()
+    assert "PYTHONPATH" not in text
+    assert "sgdeploy.hoststate" not in text and "sgdeploy.serving" not in text and "sgdeploy.records, write" not in text
+    assert "--secret-env-json" not in text

@@ -154,3 +154,12 @@ def test_cli_misuse_exits_2_with_one_line(args, message):
     assert out.returncode == 2
     assert message in out.stderr
     assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1
+
+
+def test_a_unit_that_restarted_before_the_wait_is_not_judged_restarted(monkeypatch):
+    """Issue 20: NRestarts is cumulative; a unit that auto-restarted once is not failing now."""
+    props = {"ActiveState": "activating", "NRestarts": "1"}
+    monkeypatch.setattr(serving, "_unit_props", lambda unit: dict(props))
+    assert serving.unit_state("u.service", restarts_baseline=serving.unit_restarts("u.service")) == "activating"
+    props["NRestarts"] = "2"
+    assert serving.unit_state("u.service", restarts_baseline=1) == "restarted"

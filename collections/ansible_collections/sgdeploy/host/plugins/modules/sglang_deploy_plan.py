@@ -1,0 +1,46 @@
+#!/usr/bin/python
+# Copyright: sgdeploy contributors. Apache-2.0
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: sglang_deploy_plan
+short_description: Plan a switch to a deploy on this host without changing anything
+description:
+  - GPU indices against gpu_count; configs that run on the same name, GPUs or port (replaced);
+    enabled but inactive configs on the same port or GPUs (disabled by the switch); ports held by
+    anything else (refused here, before any change); whether the same unit and release already run.
+  - Also reports a switch journal left behind by an interrupted run (RV(interrupted)).
+  - Read-only; runs in check mode.
+options:
+  deploy: {description: The deploy description (render output plus the release)., type: dict, required: true}
+  gpu_count: {description: GPUs the host has (inventory gpu_count)., type: int, required: true}
+  state_dir: {description: The deploy state folder., type: path, default: /var/lib/sglang-deploy}
+"""
+
+RETURN = r"""
+plan: {description: predecessors, stop_units, disable_units, wait_ports, unchanged., returned: success, type: dict}
+interrupted: {description: What an interrupted switch left (empty when none)., returned: success, type: str}
+"""
+
+from ansible.module_utils.basic import AnsibleModule  # noqa: E402
+from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_deploy_txn as txn  # noqa: E402
+from ansible_collections.sgdeploy.host.plugins.module_utils.sglang_deploy_plan import PlanError, plan  # noqa: E402
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(deploy=dict(type="dict", required=True), gpu_count=dict(type="int", required=True),
+                           state_dir=dict(type="path", default="/var/lib/sglang-deploy")),
+        supports_check_mode=True,
+    )
+    p = module.params
+    pending = txn.pending(txn.Paths(p["state_dir"]))
+    try:
+        result = plan(p["deploy"], p["gpu_count"], p["state_dir"])
+    except PlanError as exc:
+        module.fail_json(msg=str(exc))
+    module.exit_json(changed=False, plan=result, interrupted=txn.describe(pending) if pending else "")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,65 @@
+#!/usr/bin/python
+# Copyright: sgdeploy contributors. Apache-2.0
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: sglang_deploy_record
+short_description: Write a deploy record on the host (one file per attempt, never overwritten)
+options:
+  records_dir: {description: The config's records folder., type: path, required: true}
+  config: {description: Config name., type: str, required: true}
+  host: {description: Inventory host name., type: str, required: true}
+  release: {description: Release label., type: str, required: true}
+  outcome: {description: What happened., type: str, required: true,
+            choices: [deployed, rolled_back, failed, unchanged]}
+  started: {description: When the run started (ISO)., type: str, required: true}
+  patches: {description: Patch files of the release., type: list, elements: str, default: []}
+  features: {description: Patch features of the release., type: list, elements: str, default: []}
+  unit_digest: {description: Digest of the unit and env text., type: str}
+  report_path: {description: Gate report on the host (its gates and bench are copied)., type: path}
+  rollback: {description: What the rollback did., type: dict}
+  message: {description: One line for people., type: str, default: ""}
+"""
+
+RETURN = r"""
+path: {description: The record written., returned: success, type: str}
+record: {description: The record., returned: success, type: dict}
+"""
+
+import os  # noqa: E402
+
+from ansible.module_utils.basic import AnsibleModule  # noqa: E402
+from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_deploy_records as records  # noqa: E402
+from ansible_collections.sgdeploy.host.plugins.module_utils.sglang_deploy_files import read_json  # noqa: E402
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            records_dir=dict(type="path", required=True), config=dict(type="str", required=True),
+            host=dict(type="str", required=True), release=dict(type="str", required=True),
+            outcome=dict(type="str", required=True, choices=list(records.OUTCOMES)),
+            started=dict(type="str", required=True),
+            patches=dict(type="list", elements="str", default=[]),
+            features=dict(type="list", elements="str", default=[]),
+            unit_digest=dict(type="str"), report_path=dict(type="path"), rollback=dict(type="dict"),
+            message=dict(type="str", default=""),
+        ),
+        supports_check_mode=True,
+    )
+    p = module.params
+    report = read_json(p["report_path"]) if p["report_path"] and os.path.exists(p["report_path"]) else None
+    record = records.build(p["config"], p["host"], p["release"], p["outcome"], p["started"], p["patches"],
+                           p["features"], p["unit_digest"], report=report, rollback=p["rollback"],
+                           message=p["message"])
+    if module.check_mode:
+        module.exit_json(changed=True, path="", record=record)
+    try:
+        path = records.write(p["records_dir"], record)
+    except OSError as exc:
+        module.fail_json(msg="could not write the deploy record in {}: {}".format(p["records_dir"], exc), record=record)
+    module.exit_json(changed=True, path=path, record=record)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,59 @@
+#!/usr/bin/python
+# Copyright: sgdeploy contributors. Apache-2.0
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: sglang_deploy_status
+short_description: What sgdeploy runs on this host, the lock holder and any interrupted switch (read-only)
+options:
+  state_dir: {description: The deploy state folder., type: path, default: /var/lib/sglang-deploy}
+  lock_path: {description: The lock file., type: path, default: /run/sglang-deploy.lock}
+  config: {description: Also return this config's current and previous deploy (without unit or env text)., type: str}
+"""
+
+RETURN = r"""
+deployed: {description: current.json of each config with active and enabled., returned: always, type: list}
+lock: {description: The lock holder, described (empty when free)., returned: always, type: str}
+interrupted: {description: What an interrupted switch left (empty when none)., returned: always, type: str}
+records: {description: Paths of the record files., returned: always, type: list}
+current: {description: current.json of O(config) (null when none)., returned: with config, type: dict}
+previous:
+  description: previous.json of O(config) without its texts (null when none).
+  returned: with config
+  type: dict
+"""
+
+import glob  # noqa: E402
+import os  # noqa: E402
+
+from ansible.module_utils.basic import AnsibleModule  # noqa: E402
+from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_deploy_lock as lock  # noqa: E402
+from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_deploy_txn as txn  # noqa: E402
+from ansible_collections.sgdeploy.host.plugins.module_utils.sglang_deploy_files import read_json  # noqa: E402
+from ansible_collections.sgdeploy.host.plugins.module_utils.sglang_deploy_plan import deployed  # noqa: E402
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(state_dir=dict(type="path", default="/var/lib/sglang-deploy"),
+                           lock_path=dict(type="path", default=lock.LOCK), config=dict(type="str")),
+        supports_check_mode=True,
+    )
+    p = module.params
+    held = lock.read(p["lock_path"])
+    pending = txn.pending(txn.Paths(p["state_dir"]))
+    extra = {}
+    if p["config"]:
+        paths = txn.Paths(p["state_dir"])
+        previous = read_json(paths.previous(p["config"]))
+        extra = {"current": read_json(paths.current(p["config"])),
+                 "previous": {k: v for k, v in previous.items() if not k.endswith("_text")} if previous else None,
+                 "previous_has_unit": bool(previous and previous.get("unit_text"))}
+    module.exit_json(changed=False, **extra, deployed=deployed(p["state_dir"]),
+                     lock=lock.describe(held) if held else "",
+                     interrupted=txn.describe(pending) if pending else "",
+                     records=sorted(glob.glob(os.path.join(p["state_dir"], "*", "records", "*.json"))))
+
+
+if __name__ == "__main__":
+    main()

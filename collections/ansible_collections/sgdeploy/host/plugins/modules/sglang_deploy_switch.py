@@ -1,0 +1,153 @@
+#!/usr/bin/python
+# Copyright: sgdeploy contributors. Apache-2.0
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: sglang_deploy_switch
+short_description: One step of the switch transaction on the host (journaled before it acts)
+description:
+  - C(recover) undoes a switch journal left by a run that is gone (the caller holds the lock), and
+    says what it found; C(begin) backs up every unit the switch touches and writes the journal;
+    C(stop) stops the replaced units (systemd sends SIGTERM: SGLang stops admitting requests and
+    drains, bounded by TimeoutStopSec) and disables enabled-but-inactive conflicting units;
+    C(install) puts the new unit and env file in place; C(start) resets the failed state, starts
+    the new unit and journals the restart baseline; C(gating) marks the gates; C(undo) rolls back;
+    C(commit) records current and previous and enables the new unit.
+  - Every step writes the journal (write, fsync, rename) before it acts. Undo restarts the old
+    units first and writes the state after.
+options:
+  action:
+    description: The step.
+    type: str
+    required: true
+    choices: [recover, begin, stop, install, start, gating, undo, commit]
+  run_id: {description: The run's id (the lock holder)., type: str, required: true}
+  state_dir: {description: The deploy state folder., type: path, default: /var/lib/sglang-deploy}
+  env_dir: {description: Folder of the env files., type: path, default: /etc/sglang}
+  unit_dir: {description: Folder of the units., type: path, default: /etc/systemd/system}
+  deploy: {description: The deploy description (begin; install in check mode, for the diff)., type: dict}
+  unit_text: {description: The new unit's text (install in check mode, for the diff)., type: str}
+  stop_units: {description: Units the switch replaces (begin)., type: list, elements: str, default: []}
+  disable_units: {description: Enabled but inactive conflicting units (begin)., type: list, elements: str, default: []}
+  unit_src: {description: The staged unit file on the host (install)., type: path}
+  env_src: {description: The staged env file on the host (install; may hold secrets)., type: path}
+  from_previous: {description: Install the unit and env text kept in this config's previous.json (rollback)., type: str}
+  env_group: {description: Group that may read the env file (the service group)., type: str, default: sglang}
+  swap_previous: {description: commit of a manual rollback., type: bool, default: false}
+"""
+
+RETURN = r"""
+journal:
+  description: The journal after the step (secrets are never in it).
+  returned: begin, stop, install, start, gating
+  type: dict
+found: {description: What recover or undo found., returned: recover, undo, type: str}
+restarted: {description: Units restarted by an undo, with their current.json., returned: recover, undo, type: list}
+notes:
+  description: Problems met while undoing (the old service was restarted first).
+  returned: recover, undo
+  type: list
+current: {description: What runs now (commit)., returned: commit, type: dict}
+"""
+
+import grp  # noqa: E402
+import os  # noqa: E402
+
+from ansible.module_utils.basic import AnsibleModule  # noqa: E402
+from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_deploy_txn as txn  # noqa: E402
+from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_deploy_units as units  # noqa: E402
+from ansible_collections.sgdeploy.host.plugins.module_utils.sglang_deploy_files import read_json  # noqa: E402
+
+
+def _read(path):
+    with open(path, encoding="utf-8") as f:
+        return f.read()
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            action=dict(type="str", required=True,
+                        choices=["recover", "begin", "stop", "install", "start", "gating", "undo", "commit"]),
+            run_id=dict(type="str", required=True),
+            state_dir=dict(type="path", default="/var/lib/sglang-deploy"),
+            env_dir=dict(type="path", default="/etc/sglang"),
+            unit_dir=dict(type="path", default="/etc/systemd/system"),
+            deploy=dict(type="dict"),
+            stop_units=dict(type="list", elements="str", default=[]),
+            disable_units=dict(type="list", elements="str", default=[]),
+            unit_src=dict(type="path"),
+            unit_text=dict(type="str"),
+            env_src=dict(type="path"),
+            from_previous=dict(type="str"),
+            env_group=dict(type="str", default="sglang"),
+            swap_previous=dict(type="bool", default=False),
+        ),
+        required_if=[("action", "begin", ["deploy"])],
+        supports_check_mode=True,
+    )
+    p = module.params
+    paths = txn.Paths(p["state_dir"], p["unit_dir"], p["env_dir"])
+    action, run_id = p["action"], p["run_id"]
+    try:
+        if action == "recover":
+            journal = txn.pending(paths)
+            if journal is None or journal.get("run_id") == run_id:
+                module.exit_json(changed=False, found="", restarted=[], notes=[])
+            if module.check_mode:
+                module.exit_json(changed=True, found=txn.describe(journal), restarted=[], notes=[])
+            out = txn.undo(paths)
+            module.exit_json(changed=True, **out)
+        if module.check_mode and action == "install" and p["deploy"]:
+            unit_path = paths.unit(p["deploy"]["unit_name"])
+            before = _read(unit_path) if os.path.exists(unit_path) else ""
+            after = p["unit_text"] if p["unit_text"] is not None else _read(p["unit_src"])
+            module.exit_json(changed=before != after, journal={},
+                             diff={"before": before, "after": after, "before_header": unit_path,
+                                   "after_header": unit_path})
+        if module.check_mode:
+            module.exit_json(changed=True, journal={}, found="", restarted=[], notes=[], current={})
+        if action == "begin":
+            journal = txn.begin(paths, run_id, p["deploy"], p["stop_units"], p["disable_units"])
+            module.exit_json(changed=True, journal=journal)
+        if action == "stop":
+            journal = txn.set_step(paths, run_id, "stopping")
+            for e in journal["units"]:
+                if e["replaced"]:
+                    units.systemctl("stop", "--no-block", e["unit"])
+                elif e["unit"] != journal["new_unit"] and e["enabled"]:
+                    units.systemctl("disable", e["unit"])
+            module.exit_json(changed=True, journal=journal)
+        if action == "install":
+            if p["from_previous"]:
+                previous = read_json(paths.previous(p["from_previous"])) or {}
+                unit_text, env_text = previous.get("unit_text"), previous.get("env_text", "")
+                if unit_text is None:
+                    module.fail_json(msg=f"config {p['from_previous']}: {paths.previous(p['from_previous'])} has no "
+                                         "unit text to roll back to")
+            else:
+                unit_text, env_text = _read(p["unit_src"]), _read(p["env_src"])
+            journal = txn.read_json(paths.journal) or {}
+            unit_path = paths.unit(journal.get("new_unit", ""))
+            before = _read(unit_path) if os.path.exists(unit_path) else ""
+            journal = txn.install(paths, run_id, unit_text, env_text, grp.getgrnam(p["env_group"]).gr_gid)
+            module.exit_json(changed=True, journal=journal,
+                             diff={"before": before, "after": unit_text, "before_header": unit_path,
+                                   "after_header": unit_path})
+        if action == "start":
+            module.exit_json(changed=True, journal=txn.start(paths, run_id))
+        if action == "gating":
+            module.exit_json(changed=False, journal=txn.set_step(paths, run_id, "gating"))
+        if action == "undo":
+            if txn.pending(paths) is None:
+                module.exit_json(changed=False, found="nothing to undo: no switch had begun", restarted=[],
+                                 notes=[])
+            module.exit_json(changed=True, **txn.undo(paths))
+        out = txn.commit(paths, run_id, swap_previous=p["swap_previous"])
+        module.exit_json(changed=True, **out)
+    except (txn.TxnError, OSError, KeyError) as exc:
+        module.fail_json(msg=f"switch step {action}: {exc}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,298 @@
+"""Fault matrix of a deploy (issue 20): interruptions, lost hosts, bad input, full disks, reboots.
+
+Real ansible-playbook over SSH against the lab's systemd hosts. After each fault: the previous
+config serves (or, on a first deploy, nothing half-installed remains), the next deploy succeeds
+without manual steps, and the record says what happened. The tests build on a baseline
+(ddtree-b15 on lab1) that each one leaves serving again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from test_deploy import LAB_CONFIGS, RESET, active_unit, deploy, generate, output_of, server_info
+
+pytestmark = pytest.mark.lab
+
+REPO = Path(__file__).resolve().parents[2]
+FAULTS = LAB_CONFIGS / "faults"
+STATE = "/var/lib/sglang-deploy"
+B15 = "sglang-ddtree-b15.service"
+SLOW = "sglang-lab-slow-start.service"
+
+
+def main_pid(lab, unit: str, host: str = "lab1") -> str:
+    return lab.ssh(host, f"systemctl show -p MainPID --value {unit}").stdout.strip()
+
+
+def wait_on_host(lab, condition: str, seconds: float = 180, host: str = "lab1") -> None:
+    lab.ssh(host, f"for i in $(seq {int(seconds * 5)}); do {condition} && exit 0; sleep 0.2; done; exit 1",
+            timeout=seconds + 30)
+
+
+def start_deploy(lab, config: str, limit: str = "lab1") -> subprocess.Popen:
+    """ansible-playbook in its own process group (so that a test can kill it and all its workers)."""
+    cmd = [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(lab.inventory), "playbooks/deploy.yml",
+           "-e", f"config={config}", "--limit", limit]
+    return subprocess.Popen(cmd, cwd=REPO, env=lab.ansible_env(), text=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def interrupt(proc: subprocess.Popen, sig: int) -> str:
+    """Send `sig` to ansible-playbook (SIGKILL: to its whole process group, as a killed controller)."""
+    if sig == signal.SIGKILL:
+        os.killpg(proc.pid, sig)
+    else:
+        proc.send_signal(sig)
+    out, _ = proc.communicate(timeout=120)
+    return out
+
+
+def newest_record(lab, config: str, host: str = "lab1") -> dict:
+    path = lab.ssh(host, f"ls -1t {STATE}/{config}/records/*.json | head -1").stdout.strip()
+    return json.loads(lab.ssh(host, f"cat {path}").stdout)
+
+
+def assert_baseline_serves(lab) -> None:
+    assert active_unit(lab, "lab1", B15) == "active"
+    assert server_info(lab, "lab1")["speculative_ddtree_budget"] == 15
+    assert generate(lab, "lab1")["text"]
+
+
+def assert_no_lock(lab) -> None:
+    assert lab.ssh("lab1", "test -e /run/sglang-deploy.lock", check=False).returncode != 0
+
+
+@pytest.fixture(scope="module", autouse=True)
+def baseline(lab):
+    for host in lab.hosts:
+        lab.ssh(host, RESET)
+    proc = deploy(lab, "ddtree-b15")
+    assert proc.returncode == 0, output_of(proc)[-3000:]
+    yield
+
+
+def recovering_deploy(lab) -> str:
+    """The next deploy of the baseline: it must finish the interrupted switch by itself."""
+    proc = deploy(lab, "ddtree-b15")
+    out = output_of(proc)
+    assert proc.returncode == 0, out[-4000:]
+    assert "RECOVERED on lab1: found an interrupted switch to lab-slow-start" in out, out[-4000:]
+    assert_baseline_serves(lab)
+    assert active_unit(lab, "lab1", SLOW) != "active"
+    assert lab.ssh("lab1", f"test -e /etc/systemd/system/{SLOW}", check=False).returncode != 0
+    assert_no_lock(lab)
+    return out
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_during_the_health_wait_is_rolled_back_by_the_next_deploy(lab, sig):
+    first = start_deploy(lab, str(LAB_CONFIGS / "lab-slow-start.yml"))
+    try:
+        wait_on_host(lab, f"grep -q '\"step\": \"started\"' {STATE}/txn/journal.json")
+        time.sleep(2)
+    finally:
+        interrupt(first, sig)
+    status = lab.ansible_playbook("playbooks/status.yml", "--limit", "lab1", check=False)
+    assert "INTERRUPTED: found an interrupted switch to lab-slow-start" in status.stdout, output_of(status)[-3000:]
+    out = recovering_deploy(lab)
+    assert "took over the deploy lock" in out
+    record = newest_record(lab, "lab-slow-start")
+    assert record["outcome"] == "rolled_back" and record["rollback"]["interrupted_step"] == "started"
+    assert "interrupted switch" in record["message"]
+
+
+def test_sigkill_of_the_controller_during_the_gates_then_a_reboot(lab):
+    first = start_deploy(lab, str(LAB_CONFIGS / "lab-slow-start.yml"))
+    try:
+        wait_on_host(lab, f"grep -q '\"step\": \"gating\"' {STATE}/txn/journal.json", seconds=240)
+    finally:
+        interrupt(first, signal.SIGKILL)
+    boot = lab.ssh("lab1", "cat /proc/sys/kernel/random/boot_id").stdout
+    lab.ssh("lab1", "systemctl reboot", check=False)
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:
+        p = lab.ssh("lab1", "cat /proc/sys/kernel/random/boot_id", check=False, timeout=20)
+        if p.returncode == 0 and p.stdout != boot:
+            break
+        time.sleep(2)
+    else:
+        pytest.fail("lab1 did not come back from the reboot")
+    # The new unit was never enabled: after the reboot the old service serves, not the gated one.
+    wait_on_host(lab, f"systemctl is-active --quiet {B15}")
+    assert active_unit(lab, "lab1", SLOW) != "active"
+    out = recovering_deploy(lab)
+    assert "took over the deploy lock" not in out  # the reboot cleared /run: no lock to take over
+    assert newest_record(lab, "lab-slow-start")["rollback"]["interrupted_step"] == "gating"
+
+
+def test_an_inventory_host_without_gpu_count_is_refused_before_the_lock(lab, tmp_path):
+    inv = yaml.safe_load(lab.inventory.read_text())
+    del inv["all"]["children"]["gpu_hosts"]["hosts"]["lab1"]["gpu_count"]
+    bad = tmp_path / "inventory.yml"
+    bad.write_text(yaml.safe_dump(inv))
+    pid = main_pid(lab, B15)
+    cmd = [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(bad), "playbooks/deploy.yml",
+           "-e", "config=ddtree-b32", "--limit", "lab1"]
+    proc = subprocess.run(cmd, cwd=REPO, env=lab.ansible_env(), text=True, capture_output=True, timeout=300,
+                          check=False)
+    assert proc.returncode != 0
+    assert "inventory host lab1: gpu_count (not set) is not allowed" in output_of(proc), output_of(proc)[-3000:]
+    assert_no_lock(lab)
+    assert main_pid(lab, B15) == pid
+    assert deploy(lab, "ddtree-b15").returncode == 0  # nothing left behind that refuses the next one
+
+
+def test_a_refused_second_deploy_and_a_rollback_during_a_deploy_write_nothing(lab):
+    first = start_deploy(lab, str(LAB_CONFIGS / "lab-slow-start.yml"))
+    try:
+        wait_on_host(lab, "test -e /run/sglang-deploy.lock")
+        second = deploy(lab, str(FAULTS / "lab-slow-start.yml"))
+        assert second.returncode != 0
+        assert "DEPLOY REFUSED" in output_of(second) and "another deploy holds the lock" in output_of(second)
+        rollback = lab.ansible_playbook("playbooks/rollback.yml", "-e", "config=ddtree-b15", "--limit", "lab1",
+                                        check=False, timeout=300)
+        assert rollback.returncode != 0
+        assert "ROLLBACK REFUSED" in output_of(rollback) and "another deploy holds the lock" in output_of(rollback)
+    finally:
+        try:
+            out, _ = first.communicate(timeout=600)
+        except subprocess.TimeoutExpired:
+            os.killpg(first.pid, signal.SIGKILL)
+            raise
+    assert first.returncode == 0, out[-3000:]
+    current = json.loads(lab.ssh("lab1", f"cat {STATE}/lab-slow-start/current.json").stdout)
+    assert current["ports"][0] == 30000
+    # Nothing of the refused file (port 30007) reached the host.
+    assert lab.ssh("lab1", f"grep -rl 30007 {STATE} /etc/sglang /etc/systemd/system", check=False).stdout == ""
+    proc = deploy(lab, "ddtree-b15")
+    assert proc.returncode == 0, output_of(proc)[-3000:]
+    assert newest_record(lab, "ddtree-b15")["outcome"] == "deployed"
+    assert_baseline_serves(lab)
+
+
+def test_a_unit_that_auto_restarted_once_deploys_again(lab):
+    proc = deploy(lab, str(LAB_CONFIGS / "lab-port-31000.yml"))
+    assert proc.returncode == 0, output_of(proc)[-3000:]
+    unit = "sglang-lab-port-31000.service"
+    lab.ssh("lab1", f"kill -KILL {main_pid(lab, unit)}")
+    restarted_once = f"test \"$(systemctl show -p NRestarts --value {unit})\" = 1"
+    wait_on_host(lab, f"{restarted_once} && systemctl is-active --quiet {unit}", seconds=120)
+    proc = deploy(lab, str(FAULTS / "lab-port-31000.yml"))
+    assert proc.returncode == 0, output_of(proc)[-3000:]
+    assert newest_record(lab, "lab-port-31000")["outcome"] == "deployed"
+    assert server_info(lab, "lab1", port=31000)["speculative_ddtree_budget"] == 16
+    proc = deploy(lab, "ddtree-b15")
+    assert proc.returncode == 0, output_of(proc)[-3000:]
+    assert_baseline_serves(lab)
+
+
+def test_a_full_disk_under_the_state_folder_leaves_the_old_service_serving(lab):
+    # The state folder moves onto a 4 MiB tmpfs (its files copied in), then fills up during the
+    # health wait of a deploy that fails: the undo must restart the old service before it writes.
+    lab.ssh("lab1", f"rm -rf /root/state-save && cp -a {STATE} /root/state-save && mount -t tmpfs -o size=4m,mode=0755 "
+                    f"tmpfs {STATE} && cp -a /root/state-save/. {STATE}/")
+    try:
+        run = start_deploy(lab, str(LAB_CONFIGS / "lab-never-healthy.yml"))
+        try:
+            wait_on_host(lab, f"grep -q '\"step\": \"started\"' {STATE}/txn/journal.json")
+            lab.ssh("lab1", f"dd if=/dev/zero of={STATE}/fill bs=64k 2>/dev/null; true")
+        finally:
+            out, _ = run.communicate(timeout=300)
+        assert run.returncode != 0
+        assert_baseline_serves(lab)
+        assert active_unit(lab, "lab1", "sglang-lab-never-healthy.service") != "active"
+        assert "No space left on device" in out, out[-3000:]
+        lab.ssh("lab1", f"rm -f {STATE}/fill")
+        proc = deploy(lab, "ddtree-b15")
+        assert proc.returncode == 0, output_of(proc)[-3000:]
+    finally:
+        lab.ssh("lab1", f"umount {STATE}", check=False)
+    proc = deploy(lab, "ddtree-b15")
+    assert proc.returncode == 0, output_of(proc)[-3000:]
+    assert_baseline_serves(lab)
+
+
+def test_a_canary_secret_lands_only_in_the_env_file_on_the_host(lab, tmp_path):
+    canary = f"canary-{os.urandom(8).hex()}"
+    inv = yaml.safe_load(lab.inventory.read_text())
+    inv["all"]["children"]["gpu_hosts"]["hosts"]["lab1"]["sglang_secret_env"] = {"SGLANG_LAB_CANARY": canary}
+    inventory = tmp_path / "inventory.yml"  # the operator's inventory (Vault in production)
+    inventory.write_text(yaml.safe_dump(inv))
+    seen_in_ps: list[str] = []
+    cmd = [str(Path(sys.executable).parent / "ansible-playbook"), "-vvv", "-i", str(inventory), "playbooks/deploy.yml",
+           "-e", f"config={LAB_CONFIGS / 'lab-port-31000.yml'}", "--limit", "lab1"]
+    log = tmp_path / "deploy.log"  # a file, not a pipe: -vvv fills a pipe nobody reads while we poll
+    with log.open("w") as sink:
+        run = subprocess.Popen(cmd, cwd=REPO, env=lab.ansible_env(), text=True, stdout=sink, stderr=subprocess.STDOUT)
+    try:
+        while run.poll() is None:
+            ps = lab.ssh("lab1", "ps -eo args=", check=False).stdout
+            seen_in_ps += [line for line in ps.splitlines() if canary in line]
+            local = subprocess.run(["ps", "-eo", "args="], capture_output=True, text=True, check=False).stdout
+            seen_in_ps += [line for line in local.splitlines() if canary in line]
+            time.sleep(0.5)
+    finally:
+        run.wait(timeout=600)
+    out = log.read_text()
+    assert run.returncode == 0, out[-3000:]
+    assert canary not in out
+    assert not seen_in_ps
+    for folder in ("build", "reports"):
+        # The lab hosts' own root filesystems live under build/lab*/hosts/: that is the host, not the controller.
+        hits = subprocess.run(["grep", "-rl", "--exclude-dir=rootfs", canary, str(REPO / folder)],
+                              capture_output=True, text=True, check=False).stdout
+        assert hits == "", hits
+    env_file = "/etc/sglang/lab-port-31000.env"
+    folders = "/etc /var/lib /opt /run /tmp /root /usr/local"
+    found = lab.ssh("lab1", f"grep -rlI {canary} {folders} 2>/dev/null; true").stdout
+    assert found.split() == [env_file]
+    assert lab.ssh("lab1", f"stat -c '%a %U %G' {env_file}").stdout.split() == ["640", "root", "sglang"]
+    assert lab.ssh("lab1", f"journalctl --no-pager | grep -c {canary}; true").stdout.strip() == "0"
+    # The service sees it (it is its environment), and nothing else does.
+    pid = main_pid(lab, "sglang-lab-port-31000.service")
+    assert canary in lab.ssh("lab1", f"tr '\\0' '\\n' < /proc/{pid}/environ").stdout
+    proc = deploy(lab, "ddtree-b15")
+    assert proc.returncode == 0, output_of(proc)[-3000:]
+    assert_baseline_serves(lab)
+
+
+def test_non_default_state_dir_service_user_env_dir_and_release_root_work_end_to_end(lab, tmp_path):
+    """Issue 19: every variable in the role's argument_specs works; testinfra checks the host."""
+    if len(lab.hosts) < 2:
+        pytest.skip("needs a second lab host")
+    settings = {"sglang_deploy_state_dir": "/srv/sgd-state", "sglang_deploy_service_user": "sgsvc",
+                "sglang_deploy_env_dir": "/etc/sgsvc", "sglang_deploy_release_root": "/srv/sgd-releases"}
+    inv = yaml.safe_load(lab.inventory.read_text())
+    inv["all"]["children"]["gpu_hosts"]["hosts"]["lab2"].update(settings)
+    inventory = tmp_path / "inventory.yml"
+    inventory.write_text(yaml.safe_dump(inv))
+    cmd = [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(inventory), "playbooks/deploy.yml",
+           "-e", "config=ddtree-b15", "--limit", "lab2"]
+    proc = subprocess.run(cmd, cwd=REPO, env=lab.ansible_env(), text=True, capture_output=True, timeout=900,
+                          check=False)
+    try:
+        assert proc.returncode == 0, output_of(proc)[-4000:]
+        unit = lab.ssh("lab2", "systemctl cat sglang-ddtree-b15.service").stdout
+        assert "User=sgsvc" in unit and "EnvironmentFile=/etc/sgsvc/ddtree-b15.env" in unit
+        assert "/srv/sgd-releases/" in unit
+        assert lab.ssh("lab2", "ls /srv/sgd-state/ddtree-b15/current.json /srv/sgd-state/ddtree-b15/records/").stdout
+        assert lab.ssh("lab2", "test -e /var/lib/sglang-deploy/ddtree-b15", check=False).returncode != 0
+        infra = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
+                                "tests/infra/test_service.py", "--hosts=ansible://lab2",
+                                f"--ansible-inventory={inventory}"], cwd=REPO,
+                               env=lab.ansible_env(), text=True, capture_output=True, timeout=300, check=False)
+        assert infra.returncode == 0, infra.stdout[-3000:] + infra.stderr[-2000:]
+        assert "passed" in infra.stdout and "skipped" not in infra.stdout, infra.stdout[-2000:]
+    finally:
+        lab.ssh("lab2", "systemctl disable --now sglang-ddtree-b15.service; "
+                        "rm -rf /etc/systemd/system/sglang-ddtree-b15.service /srv/sgd-state /etc/sgsvc; "
+                        "systemctl daemon-reload", check=False)
