@@ -13,8 +13,12 @@ accepted path's target KV, tokens and hidden states to the front of the verify w
 so the committed tokens are the chain ``prefix .. prefix + accept_len - 1`` and the
 DFlash draft-KV append runs unchanged on them.
 
-Host reads: none added. ``flatten_tree_mask`` sizes the FULL_MASK custom mask from the
-scheduler's host ``seq_lens_sum`` (as EAGLE's tree build does).
+Host reads: none. Both the draft block and the tree's FULL_MASK custom mask are sized
+from host lengths only (``host_prefix_lens``): the scheduler's ``seq_lens_cpu`` when the
+batch carries it (exact), else the draft input's reserved KV lengths (an upper bound:
+the mask is then longer than needed, as EAGLE's preallocated mask buffer is). The
+batch's ``seq_lens_sum`` is not used: the scheduler may leave it None, and
+``flatten_tree_mask`` would then read the sum from the device (a sync per step).
 
 New file of the sgdeploy patch series (feature ``ddtree``; imported by ``ddtree_worker.py`` only; not in SGLang
 0.5.23), laid over the pristine wheel at this path by the build.
@@ -62,6 +66,16 @@ def check_supported(worker, spec) -> None:
         raise ValueError("DDTREE decode does not support " + "; ".join(problems) + ".")
 
 
+def host_prefix_lens(batch, draft_input) -> tuple[torch.Tensor, int, bool]:
+    """Host lengths of the committed prefixes, never read from the device: ``(lens, total,
+    exact)``. ``exact``: the scheduler's ``batch.seq_lens_cpu`` and its sum. Without it (the
+    GPU-only overlap path) the draft input's ``nxt_kv_lens_cpu`` (the KV reserved past each
+    prefix, >= prefix + 2 x verify width) and its host sum: an upper bound, never less."""
+    if batch.seq_lens_cpu is not None:
+        return batch.seq_lens_cpu, int(batch.seq_lens_cpu.sum()), True
+    return draft_input.nxt_kv_lens_cpu, int(draft_input.nxt_kv_lens_sum), False
+
+
 def _draft_block_hidden(worker, batch, draft_input, bs: int):
     """Run the DFlash drafter over [bonus, mask x (block-1)]; return its hidden states
     [bs, block, H] (DFlash's plain-path preparation, unchanged)."""
@@ -103,7 +117,7 @@ def _draft_block_hidden(worker, batch, draft_input, bs: int):
         noise = embed_module(block_ids)
     if worker._noise_embed_scale != 1.0:
         noise = noise * worker._noise_embed_scale
-    host_lens = batch.seq_lens_cpu if batch.seq_lens_cpu is not None else draft_input.nxt_kv_lens_cpu
+    host_lens, host_sum, exact = host_prefix_lens(batch, draft_input)
     block_plan = worker.target_worker.model_runner.kv_index_translator.plan(
         req_pool_indices=batch.req_pool_indices,
         seq_lens=prefix_lens,
@@ -112,13 +126,12 @@ def _draft_block_hidden(worker, batch, draft_input, bs: int):
         read_extent=block_size,
     )
     seq_lens_cpu = worker._draft_seq_lens_cpu_buf[:bs]
-    if batch.seq_lens_cpu is not None:
-        seq_lens_cpu.copy_(batch.seq_lens_cpu)
+    seq_lens_cpu.copy_(host_lens)
+    if exact:
         seq_lens_cpu.add_(block_size)
-        seq_lens_sum = int(seq_lens_cpu.sum())  # host tensor: no device sync
-    else:
-        seq_lens_cpu.copy_(draft_input.nxt_kv_lens_cpu)
-        seq_lens_sum = int(draft_input.nxt_kv_lens_sum)
+        seq_lens_sum = host_sum + bs * block_size
+    else:  # the reserved lengths already cover the block
+        seq_lens_sum = host_sum
     forward_batch = ForwardBatch(
         forward_mode=ForwardMode.TARGET_VERIFY,
         batch_size=bs,
@@ -174,6 +187,7 @@ def forward_decode(worker, batch, on_publish=None, grammar_barrier=None, pp_prox
     prefix_lens = batch.seq_lens
 
     # 1) Draft block; 2) per-depth top-k; 3) tree; 4) verify input.
+    host_lens, host_sum, _ = host_prefix_lens(batch, draft_input)
     draft_hidden, block_ids = _draft_block_hidden(worker, batch, draft_input, bs)
     lm_head = unwrap_lora_layer(getattr(worker.target_worker.model_runner.model, "lm_head", None))
     parallel = get_parallel()
@@ -189,7 +203,7 @@ def forward_decode(worker, batch, on_publish=None, grammar_barrier=None, pp_prox
         full_mask=full_mask,
         capture_hidden_mode=CaptureHiddenMode.FULL,
         tp_group=tp_group,
-        seq_lens_sum=batch.seq_lens_sum,
+        seq_lens_sum=host_sum,  # host: the FULL_MASK size needs no device read
     )
     # Verify window: budget + 1 slots from the committed length (reserved by the
     # scheduler), and its plan for the target/draft id translation.
@@ -205,7 +219,7 @@ def forward_decode(worker, batch, on_publish=None, grammar_barrier=None, pp_prox
     verify_plan = worker.target_worker.model_runner.kv_index_translator.plan(
         req_pool_indices=batch.req_pool_indices,
         seq_lens=prefix_lens,
-        seq_lens_cpu=batch.seq_lens_cpu if batch.seq_lens_cpu is not None else draft_input.nxt_kv_lens_cpu,
+        seq_lens_cpu=host_lens,
         write_virtual=verify_loc,
         read_extent=width,
     )

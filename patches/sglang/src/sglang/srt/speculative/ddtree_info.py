@@ -41,9 +41,11 @@ def flatten_tree_mask(
 
     ``full_mask``: per request a [T, prefix + T] block (prefix all True), flattened and
     concatenated (TreeMaskMode.FULL_MASK); else [T, T] blocks (QLEN_ONLY). The
-    FULL_MASK form needs the total size on the host: ``seq_lens_sum`` (the
-    scheduler's host sum of ``seq_lens``) gives it without a device read; without it
-    the sum is read from ``seq_lens`` (a sync when they live on the GPU).
+    FULL_MASK form needs the total size on the host: ``seq_lens_sum``, the host sum
+    of ``seq_lens`` or an upper bound of it (``ddtree_decode.host_prefix_lens``; the
+    mask is then longer, its tail True and never read: the verify kernels index it
+    through ``mask_indptr`` from its start), gives it without a device read; without
+    it the sum is read from ``seq_lens`` (a sync when they live on the GPU).
     """
     bs, t, _ = tree_mask.shape
     if not full_mask:

@@ -20,10 +20,15 @@ Per decode step (all device ops, no host synchronisation in the tree part):
    next draft input (bonus token, new lengths).
 
 ``ddtree_accept.py`` states the same acceptance rules in plain torch (tests).
+CUDA graphs: the target's verify graphs are captured at the verify width budget + 1
+with the tree's custom mask (0001's edit of ``decode_cuda_graph_runner.py``); the draft
+runner's graphs at ``block_size`` tokens per request (0001's edit of
+``spec_info.get_num_tokens_per_req_for_target_verify`` for the draft worker), and
+``_maybe_build_draft_sampler`` folds no DFlash greedy head into them.
 Not wired: the overlap plan stream (verify preparation runs on the forward
-stream), target CUDA graphs at width budget + 1 are the EAGLE verify graphs,
-and the DFlash variants (selector, LiLiCorr, Domino, compact draft cache) are
-refused. Nothing here has run inside a server yet (docs/ddtree.md).
+stream), and the DFlash variants (selector, LiLiCorr, Domino, compact draft cache)
+are refused. The step ran inside a server on an H200 (tests/gpu/e2e/FINDINGS.md);
+the graph fixes above were proven on the CPU only (tests/unit/test_ddtree_fixes.py).
 
 New file of the sgdeploy patch series (not in SGLang 0.5.23); ``spec_info.py``'s
 diff (patch 0001) returns this worker for ``--speculative-algorithm DDTREE`` only,
@@ -66,6 +71,15 @@ class DDTreeWorker(DFlashWorkerV2):
             "fused" if self.ddtree_fused_topk else "torch",
             spec.speculative_ddtree_state_forking or "on",
         )
+
+    def _maybe_build_draft_sampler(self):
+        """No in-graph draft head under DDTREE (``DFlashWorkerV2.init_cuda_graphs`` folds the
+        head it returns into the draft graph as a capture tail hook). DDTree builds its tree
+        from the drafter's hidden states (``depth_topk_logprobs``), never from the head's
+        greedy argmax, so the head would be wasted work in every step."""
+        if self._target_tp_rank == 0:
+            logger.info("DDTREE: no DFlash draft greedy head (the tree reads the draft hidden states).")
+        return None
 
     def build_verify_input(
         self,
