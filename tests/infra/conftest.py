@@ -146,12 +146,12 @@ def deployments(host, request) -> list[Deployment]:
                         "(never deployed green here, or replaced by another config; `make status` shows what runs)",
                         pytrace=False)
         return out
-    listing = host.run(f"ls -1d {STATE_ROOT}/*/current.json 2>/dev/null")
+    listing = host.run(f"ls -1d {root}/*/current.json 2>/dev/null")
     out = []
     for path in sorted(listing.stdout.split()):
         current = read_json(host, path)
         if current is not None:
-            out.append(Deployment(name, path.split("/")[-2], current))
+            out.append(Deployment(name, path.split("/")[-2], current, root))
     if not out:
-        pytest.skip(f"{name}: nothing deployed (no {STATE_ROOT}/*/current.json); service checks skipped")
+        pytest.skip(f"{name}: nothing deployed (no {root}/*/current.json); service checks skipped")
     return out
