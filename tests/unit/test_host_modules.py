@@ -21,6 +21,7 @@ from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_deploy
 from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_deploy_health as health  # noqa: E402
 from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_deploy_lock as lock  # noqa: E402
 from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_deploy_plan as planmod  # noqa: E402
+from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_deploy_records as hostrecords  # noqa: E402
 from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_deploy_txn as txn  # noqa: E402
 from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_deploy_units as units  # noqa: E402
 
@@ -270,3 +271,16 @@ def test_an_atomic_write_that_fails_leaves_the_old_file(tmp_path, monkeypatch):
         files.write_json(str(path), {"v": 2})
     assert json.loads(path.read_text()) == {"v": 1}
     assert [p.name for p in tmp_path.iterdir()] == ["current.json"]
+
+
+def test_the_host_record_keeps_every_field_the_controller_record_has():
+    # The deploy module writes the record; `make status` and the sweep read it with sgdeploy.records.
+    from sgdeploy import records
+
+    report = {"gates": [{"name": "smoke", "verdict": "pass"}], "bench": {"tokens_per_s": 1.0},
+              "exactness": {"verdict": "fail", "reason": "prompt p1 first differs at token 4"}}
+    host = hostrecords.build("ddtree-b15", "lab1", "abc", "rolled_back", "2026-12-01T00:00:00Z", report=report)
+    ctrl = records.build_record(config="ddtree-b15", host="lab1", release="abc", outcome="rolled_back",
+                                started="2026-12-01T00:00:00Z", report=report)
+    assert set(host) == set(ctrl)
+    assert host["exactness"] == report["exactness"]

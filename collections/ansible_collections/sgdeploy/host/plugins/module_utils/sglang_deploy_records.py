@@ -28,7 +28,8 @@ def build(config, host, release, outcome, started, patches=(), features=(), unit
             "release": release, "patches": list(patches), "features": list(features),
             "unit_digest": unit_digest, "started": started, "finished": utc_now(), "outcome": outcome,
             "gates": list(report.get("gates") or []), "bench": report.get("bench"), "rollback": rollback,
-            "message": message}
+            "message": message,
+            "exactness": report.get("exactness")}  # the exactness gate's result (sgdeploy.exactness)
 
 
 def write(records_dir, record):
