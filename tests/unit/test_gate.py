@@ -220,6 +220,7 @@ def test_a_healthy_ddtree_engine_passes_every_gate(tmp_path):
     assert len(lines) == 3 and lines[0].startswith("smoke") and "PASS" in lines[0]
 
 
+@pytest.mark.slow  # several seconds: `make test-slow`
 def test_collapsed_acceptance_fails_the_acceptance_gate(tmp_path):
     with simulator(tmp_path, env={"SGLANG_SIM_ACCEPT_OVERRIDE": "2"}) as sim:
         report = gate.run_all(sim.url, thresholds(min_accept_length=5), True)
@@ -230,6 +231,7 @@ def test_collapsed_acceptance_fails_the_acceptance_gate(tmp_path):
     assert report.failed_gates == ["acceptance"]
 
 
+@pytest.mark.slow  # several seconds: `make test-slow`
 def test_regression_against_a_measured_baseline_fails_with_the_percentage(tmp_path):
     t = thresholds(min_accept_length=1.5)
     with simulator(tmp_path) as sim:
@@ -269,6 +271,7 @@ REPORT_KEYS = {"schema", "url", "speculative", "passed", "failed_gates", "gates"
 RESULT_KEYS = {"gate", "metric", "value", "threshold", "baseline", "verdict", "reason", "details"}
 
 
+@pytest.mark.slow  # several seconds: `make test-slow`
 def test_cli_exit_0_and_1_with_the_json_report(tmp_path):
     config = tmp_path / "render.json"
     config.write_text(json.dumps({"config": "ddtree-b15", "speculative": True,

@@ -523,6 +523,7 @@ def answers(sim) -> list[dict]:
     return outputs
 
 
+@pytest.mark.slow  # several seconds: `make test-slow`
 def test_only_a_state_leak_leaves_the_targets_tokens(fleet):
     from sgdeploy import exactness
 

@@ -164,6 +164,7 @@ def test_second_build_is_skipped(built, synthetic):
     assert built.wheel.stat().st_mtime_ns == before
 
 
+@pytest.mark.slow  # several seconds: `make test-slow`
 def test_same_inputs_give_the_same_bytes(built, synthetic, downloads, tmp_path):
     again = wheel.build(
         patchset.select(["ddtree", "fork"], synthetic), "3.11", tmp_path, downloads, pins=PINS, log=quiet
@@ -304,6 +305,7 @@ def test_real_diffs_are_small_with_headers_and_edit_only_upstream_files(download
             assert "New file of the sgdeploy patch series" in " ".join(head.split()), rel
 
 
+@pytest.mark.slow  # several seconds: `make test-slow`
 def test_patch_work_and_patch_diff_round_trip(synthetic, downloads, tmp_path):
     """make patch-work / patch-diff: the tree is pristine + src + the series up to the patch; an edit
     there comes back as that patch (header kept) and the build then applies it."""
