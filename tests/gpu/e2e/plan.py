@@ -115,7 +115,29 @@ GATES = (
     Server("ddtree-b15-k8-nooverlap", "ddtree-b15", 15, 8,
            variant=("--disable-overlap-schedule", "--disable-radix-cache"), tags=("profile",)),
 )
-SETS = {"core": CORE, "extra": EXTRA, "final": FINAL, "gates": GATES,
+# Call 5 ("graphs", session 7, after the series fixed F1-F3): every DDTree budget with CUDA graphs on (draft graphs
+# at block width, verify graphs at budget + 1 with the tree mask), overlap on and off, the leak with the same
+# release and the switch off, the AR reference without the radix cache (F4), and the project's gates with the
+# exactness gate (issue 22) on a reference recorded from the gate-ar server.
+NORADIX = ("--disable-radix-cache",)
+GRAPHS = (
+    Server("ar", "ar", variant=NORADIX, tags=("reference",)),
+    Server("dflash", "dflash-b16", tags=("control",)),
+    Server("ddtree-b15-k4", "ddtree-b15", 15, 4),
+    Server("ddtree-b15-k8", "ddtree-b15", 15, 8, tags=("sampling", "logprobs", "profile")),
+    Server("ddtree-b32-k8", "ddtree-b32", 32, 8),
+    Server("ddtree-b32-k16", "ddtree-b32", 32, 16),
+    Server("ddtree-b64-k8", "ddtree-b64", 64, 8),
+    Server("ddtree-b64-k16", "ddtree-b64", 64, 16, tags=("sampling", "logprobs", "profile")),
+    Server("nofork-b64-k16", "ddtree-b64-nofork", 64, 16, features=FULL, tags=("nofork",)),
+    Server("ddtree-b64-k16-nooverlap", "ddtree-b64", 64, 16,
+           variant=("--disable-overlap-schedule", *NORADIX), tags=("profile",)),
+    Server("gate-ar", "ar", role="gate", variant=NORADIX, tags=("exactness_reference",)),
+    Server("gate-ddtree-b15", "ddtree-b15", role="gate", tags=("exactness",)),
+    Server("gate-ddtree-b64", "ddtree-b64", role="gate", tags=("exactness",)),
+    Server("gate-nofork-b64", "ddtree-b64-nofork", role="gate", features=FULL, tags=("exactness",)),
+)
+SETS = {"core": CORE, "extra": EXTRA, "final": FINAL, "gates": GATES, "graphs": GRAPHS,
         "all": CORE + tuple(s for s in EXTRA if s.name != "ar")}
 
 

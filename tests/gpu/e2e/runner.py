@@ -291,8 +291,51 @@ def gates(server: ServerProc) -> dict:
         in_flight = serving.in_flight(url)
     except Exception as err:  # noqa: BLE001
         in_flight = f"{type(err).__name__}: {err}"
-    return {"warmup": warm.to_dict(), "report": report.to_dict(), "summary": report.summary(),
-            "metrics": metrics, "in_flight": in_flight}
+    out = {"warmup": warm.to_dict(), "report": report.to_dict(), "summary": report.summary(),
+           "metrics": metrics, "in_flight": in_flight}
+    if {"exactness", "exactness_reference"} & set(e["tags"]):
+        out["exactness_answers"] = exactness_answers(url)
+    return out
+
+
+def exactness_answers(url: str) -> dict:
+    """The exactness gate's own request (sgdeploy.exactness.collect): the prompt set, greedy, top-2 log-probs."""
+    from sgdeploy import exactness
+
+    t = time.time()
+    outputs, errors = exactness.collect(url, exactness.load_prompts(), concurrency=CONCURRENCY, timeout=240)
+    return {"outputs": outputs, "errors": errors[:5], "wall_s": round(time.time() - t, 2)}
+
+
+def exactness_verdicts(servers: dict, results: dict) -> None:
+    """The exactness gate (sgdeploy.exactness.compare) of every ``exactness`` gate server against a reference
+    built, as a deploy of an ``ar`` config builds it, from the ``exactness_reference`` server's answers."""
+    from sgdeploy import exactness
+
+    refs = [n for n, s in servers.items() if "exactness_reference" in s.entry["tags"]]
+    ref_answers = results.get(refs[0], {}).get("gates", {}).get("exactness_answers") if refs else None
+    if not ref_answers or ref_answers["errors"] or any(o is None for o in ref_answers["outputs"]):
+        results["exactness"] = {"error": "no complete reference answers", "from": refs}
+        return
+    prompts = exactness.load_prompts()
+    reference = exactness.build_reference(ref_answers["outputs"], prompts, {"key": "e2e-tiny", "label": "tiny"},
+                                          config=servers[refs[0]].entry["config"], host="h200", release="stock",
+                                          concurrency=CONCURRENCY)
+    verdicts = {}
+    for n, s in servers.items():
+        if "exactness" not in s.entry["tags"]:
+            continue
+        ans = results.get(n, {}).get("gates", {}).get("exactness_answers")
+        if not ans or any(o is None for o in ans["outputs"]):
+            verdicts[n] = {"verdict": "not run", "errors": (ans or {}).get("errors")}
+            continue
+        tol = s.entry["gates"].get("exactness_tie_tolerance", 0.1)
+        v = exactness.compare(reference, ans["outputs"], tol)
+        verdicts[n] = {"verdict": v.verdict, "reason": v.reason, "equal": v.equal, "tolerance": tol,
+                       "failures": len(v.details.get("failures", [])),
+                       "near_tie_flips": len(v.details.get("near_tie_flips", [])),
+                       "first_failures": v.details.get("failures", [])[:3]}
+    results["exactness"] = {"reference": refs[0], "prompts": len(prompts), "verdicts": verdicts}
 
 
 # --- analysis ---------------------------------------------------------------------------------------------------
@@ -337,6 +380,10 @@ def analyse_paths(servers: dict, results: dict) -> None:
 
 def analyse(servers: dict, results: dict, ps: list, deadline: float) -> None:
     analyse_paths(servers, results)
+    try:
+        exactness_verdicts(servers, results)
+    except Exception as err:  # noqa: BLE001
+        results["exactness"] = {"error": f"{type(err).__name__}: {str(err)[:300]}"}
     ar = results.get("ar", {}).get("experiment")
     if not ar:
         return
@@ -421,6 +468,8 @@ def summary_lines(results: dict) -> list[str]:
         if r.get("gates"):
             parts.append("gates: " + "; ".join(g["gate"] + " " + g["verdict"] for g in r["gates"]["report"]["gates"]))
         lines.append(" | ".join(str(x) for x in parts))
+    for name, v in (results.get("exactness") or {}).get("verdicts", {}).items():
+        lines.append(f"exactness {name}: {v['verdict']}: {v.get('reason')}")
     return lines
 
 
@@ -494,6 +543,7 @@ def main(argv: list[str] | None = None) -> int:
                 results["analyse_error"] = traceback.format_exc()[-1500:]
         else:
             analyse_paths(servers, results)
+            exactness_verdicts(servers, results)
         for s in servers.values():
             if s.status == "serving" and s.proc.poll() is not None:
                 results[s.name]["died"] = s.proc.returncode
