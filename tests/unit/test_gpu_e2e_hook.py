@@ -109,8 +109,9 @@ def test_trace_check_counts_syncs_inside_decode_steps_only():
     events = [
         _event(trace_check.RANGE_NAME, "user_annotation", 100, 50),
         _event(trace_check.RANGE_NAME, "user_annotation", 300, 50),
-        _event("aten::item", "cpu_op", 120),
+        _event("aten::item", "cpu_op", 120, 5),
         _event("cudaMemcpyAsync", "cuda_runtime", 121, correlation=5),
+        _event("aten::item", "cpu_op", 140, 2),  # a host tensor's read: no runtime call inside, no sync
         _event("Memcpy DtoH (Device -> Pinned)", "gpu_memcpy", 400, tid=99, correlation=5),
         _event("cudaStreamSynchronize", "cuda_runtime", 122),
         _event("cudaStreamSynchronize", "cuda_runtime", 200),  # between steps: not counted
@@ -121,6 +122,7 @@ def test_trace_check_counts_syncs_inside_decode_steps_only():
     assert out["decode_steps"] == 2 and out["host_syncs"] == 3
     assert out["by_kind"] == {"aten::item": 1, "DtoH copy (Memcpy DtoH (Device -> Pinned))": 1,
                               "cudaStreamSynchronize": 1}
+    assert out["host_tensor_reads"] == {"aten::item": 1}
     clean = trace_check.check({"traceEvents": events[:2] + events[-1:]})
     assert clean["host_syncs"] == 0 and clean["verdict"] == "no host sync inside a decode step"
     assert trace_check.check({"traceEvents": []})["verdict"] == "no decode step in the trace"
