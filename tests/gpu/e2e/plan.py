@@ -137,7 +137,20 @@ GRAPHS = (
     Server("gate-ddtree-b64", "ddtree-b64", role="gate", tags=("exactness",)),
     Server("gate-nofork-b64", "ddtree-b64-nofork", role="gate", features=FULL, tags=("exactness",)),
 )
-SETS = {"core": CORE, "extra": EXTRA, "final": FINAL, "gates": GATES, "graphs": GRAPHS,
+# Call 6 ("recheck"): the exactness gate live with its exact-tie fix (F6), and overlap off profiled with
+# trace_check telling host-tensor reads from device syncs.
+RECHECK = (
+    Server("ar", "ar", variant=NORADIX, tags=("reference",)),
+    Server("ddtree-b15-k8-nooverlap", "ddtree-b15", 15, 8, variant=("--disable-overlap-schedule", *NORADIX),
+           tags=("profile",)),
+    Server("ddtree-b64-k16-nooverlap", "ddtree-b64", 64, 16,
+           variant=("--disable-overlap-schedule", *NORADIX), tags=("profile",)),
+    Server("gate-ar", "ar", role="gate", variant=NORADIX, tags=("exactness_reference",)),
+    Server("gate-ddtree-b15", "ddtree-b15", role="gate", tags=("exactness",)),
+    Server("gate-ddtree-b64", "ddtree-b64", role="gate", tags=("exactness",)),
+    Server("gate-nofork-b64", "ddtree-b64-nofork", role="gate", features=FULL, tags=("exactness",)),
+)
+SETS = {"core": CORE, "extra": EXTRA, "final": FINAL, "gates": GATES, "graphs": GRAPHS, "recheck": RECHECK,
         "all": CORE + tuple(s for s in EXTRA if s.name != "ar")}
 
 
