@@ -140,9 +140,6 @@ GRAPHS = (
 # Call 6 ("recheck"): the exactness gate live with its exact-tie fix (F6), and overlap off profiled with
 # trace_check telling host-tensor reads from device syncs.
 RECHECK = (
-    Server("ar", "ar", variant=NORADIX, tags=("reference",)),
-    Server("ddtree-b15-k8-nooverlap", "ddtree-b15", 15, 8, variant=("--disable-overlap-schedule", *NORADIX),
-           tags=("profile",)),
     Server("ddtree-b64-k16-nooverlap", "ddtree-b64", 64, 16,
            variant=("--disable-overlap-schedule", *NORADIX), tags=("profile",)),
     Server("gate-ar", "ar", role="gate", variant=NORADIX, tags=("exactness_reference",)),
