@@ -59,7 +59,8 @@ def test_the_cli_writes_the_table_and_the_plot(tmp_path, capsys):
 
 
 def test_the_runner_summarises_the_servers_step_samples():
-    runs = [{"step_s": [0.020, 0.021, 0.022], "requests": [{"e2e_latency": 2.6, "verify_ct": 127, "accept_length": 1.0}]},
+    first = {"e2e_latency": 2.6, "verify_ct": 127, "accept_length": 1.0}
+    runs = [{"step_s": [0.020, 0.021, 0.022], "requests": [first]},
             {"step_s": [0.019, 0.021], "requests": [{"error": "URLError: boom"}]}]
     s = full_runner.summarise_batch(runs, "DDTREE")
     assert s["steps"] == 5 and s["step_ms_median"] == 21.0 and s["run_medians_ms"] == [21.0, 20.0]

@@ -275,7 +275,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", help="comma-separated server names, in plan order (default: all)")
     ap.add_argument("--start-estimate", type=float, default=170.0,
                     help="seconds a wave's start takes on a cold Triton cache (later waves: 0.7 x)")
-    ap.add_argument("--serve-margin", type=float, default=60.0)
+    ap.add_argument("--measure-estimate", type=float, default=60.0,
+                    help="seconds the measurements of one server take (runs, profile, trace export)")
+    ap.add_argument("--serve-margin", type=float, default=60.0,
+                    help="seconds before the deadline by which a server must serve")
     args = ap.parse_args(argv)
     plan = json.loads(args.plan.read_text())
     entries = plan["servers"]
@@ -304,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     all_servers: list[Server] = []
     try:
         for n, wave in enumerate(plan_waves):
-            estimate = args.start_estimate * (1.0 if n == 0 else 0.7) + 45 * max(
+            estimate = args.start_estimate * (1.0 if n == 0 else 0.7) + args.measure_estimate * max(
                 sum(1 for _, g in wave if g == gpu) for gpu in {g for _, g in wave})
             if time.time() + estimate > args.deadline:
                 for e, _ in wave:
