@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -143,10 +142,8 @@ def plot(table: list[dict], path: Path, field_accept: float = FIELD_ACCEPT, cap:
         if ax.get_legend_handles_labels()[0]:
             ax.legend(loc="best", fontsize=8)
     fig.tight_layout()
-    tmp = path.with_name(path.name + ".tmp")
-    fig.savefig(tmp, format="png")
+    fig.savefig(path, format="png")
     plt.close(fig)
-    os.replace(tmp, path)
 
 
 def main(argv: list[str] | None = None) -> int:

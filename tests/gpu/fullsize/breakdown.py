@@ -29,11 +29,14 @@ metadata copied before the graph replay sits in ``verify_rest`` and is listed by
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import statistics
 import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "e2e"))
+
+from trace_check import load_trace as load  # noqa: E402  (tests/gpu/e2e: a chrome trace, gzipped or not)
 
 STEP_RANGES = ("sgdeploy_e2e::ddtree_decode_step", "sgdeploy_full::dflash_decode")
 PREFIX = "sgdeploy_full::"
@@ -45,13 +48,6 @@ ATTENTION = ("_fwd_kernel", "fwd_grouped", "attention", "attn", "flash", "decode
 PARTS = ("draft", "topk", "tree_mask", "verify_attention", "verify_gdn", "verify_rest", "commit", "other")
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 LAUNCH_CATS = ("cuda_runtime", "cuda_driver")
-
-
-def load(path: str | Path) -> dict:
-    path = Path(path)
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt") as f:
-        return json.load(f)
 
 
 def kernel_kind(name: str) -> str:

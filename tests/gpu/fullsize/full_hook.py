@@ -27,7 +27,12 @@ from __future__ import annotations
 import functools
 import importlib.abc
 import importlib.machinery
+import os
 import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "e2e"))
+
+import e2e_hook  # noqa: E402  (tests/gpu/e2e: its import-time loader)
 
 PREFIX = "sgdeploy_full::"
 # module -> [(attribute path, range name)]
@@ -91,19 +96,10 @@ def patch_module(module, entries) -> list[str]:
     return done
 
 
-class _Loader(importlib.abc.Loader):
-    def __init__(self, inner, entries):
-        self.inner, self.entries = inner, entries
-
-    def create_module(self, spec):
-        return self.inner.create_module(spec)
-
-    def exec_module(self, module):
-        self.inner.exec_module(module)
-        patch_module(module, self.entries)
-
-
 class _Finder(importlib.abc.MetaPathFinder):
+    """Finds the modules of ``RANGES`` the normal way and wraps their functions right after they execute
+    (e2e_hook's loader)."""
+
     def find_spec(self, name, path=None, target=None):
         entries = RANGES.get(name)
         if entries is None:
@@ -111,7 +107,7 @@ class _Finder(importlib.abc.MetaPathFinder):
         spec = importlib.machinery.PathFinder.find_spec(name, path)
         if spec is None or spec.loader is None:
             return None
-        spec.loader = _Loader(spec.loader, entries)
+        spec.loader = e2e_hook._Loader(spec.loader, functools.partial(patch_module, entries=entries))
         return spec
 
 

@@ -56,6 +56,7 @@ E2E_ROOT = e2e_runner.ROOT  # /tmp/gpu-e2e: releases, site, caches (e2e run.sh /
 ROOT = E2E_ROOT / "fullsize"  # full_plan.DEVICE_ROOT
 MASK_TOKEN_ID = 248_077  # models.MASK_TOKEN_ID: prompts stay below it
 PROMPT_LEN, MAX_NEW, RUNS, PROFILE_STEPS = 256, 128, 3, 12
+POLL_S, TRACE_SETTLE_S = 2.0, 3.0  # start polling; wait after a trace file appears (still being written)
 SEED = 2026
 GIB = 1 << 30
 _lock = threading.Lock()
@@ -200,9 +201,9 @@ def profile(server: Server, rng: random.Random) -> dict:
                     pass
             traces = glob.glob(str(server.profile_dir / "**" / "*.trace.json*"), recursive=True)
             if traces:
-                time.sleep(3)
+                time.sleep(TRACE_SETTLE_S)
                 break
-            time.sleep(1)
+            time.sleep(POLL_S / 2)
         if not traces:
             return {"error": "no trace file written"}
         return {"trace": sorted(traces)[-1]}
@@ -259,7 +260,7 @@ def start_wave(wave: list[Server], results: dict, deadline: float, serve_margin:
                 if st != "serving":
                     results[s.name]["log_errors"] = s.errors()
                 say(s.name, st, s.startup_s())
-        time.sleep(2)
+        time.sleep(POLL_S)
     for s in pending + waiting:
         results[s.name].update(status="not serving by the deadline", log_errors=s.errors())
     return [s for s in wave if s.status == "serving"]
