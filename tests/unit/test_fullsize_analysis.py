@@ -53,6 +53,12 @@ def test_the_cli_writes_the_table_and_the_plot(tmp_path, capsys):
     text = (tmp_path / "o" / "acceptance.md").read_text()
     assert "| ddtree-b64 | 1 | 25.200 | 1.200 | 1.260 | 18.00 | **no** |" in text
     assert (tmp_path / "o" / "acceptance.png").read_bytes()[:4] == b"\x89PNG"
+    later = tmp_path / "later.json"  # a second call that ran budget 64 again, faster; and a server that did not run
+    later.write_text(json.dumps({"ddtree-b64": server([1, 6], 23.1, 39.0), "ddtree-b32": {"predicted_bytes": {}}}))
+    assert analysis.main([str(res), str(later), "--out", str(tmp_path / "m")]) == 0
+    merged = (tmp_path / "m" / "acceptance.md").read_text()
+    assert "| ddtree-b64 | 1 | 23.100 | 1.100 | 1.155 | 16.50 | **no** |" in merged
+    assert "| ddtree-b32 | 1 | 22.400 |" in merged
     assert analysis.main([str(res), "--field-accept", "20"]) == 2
     assert "--field-accept 20: give 1 to --cap (16)" in capsys.readouterr().err
     assert analysis.main([str(tmp_path / "none.json")]) == 2

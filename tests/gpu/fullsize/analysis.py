@@ -146,9 +146,16 @@ def plot(table: list[dict], path: Path, field_accept: float = FIELD_ACCEPT, cap:
     plt.close(fig)
 
 
+def merge_servers(results: dict) -> dict:
+    """The server entries of one results.json that ran (measured), by name."""
+    return {k: v for k, v in results.items() if isinstance(v, dict) and "predicted_bytes" in v
+            and (v.get("measure") or {})}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("results", type=Path)
+    ap.add_argument("results", type=Path, nargs="+", help="full_runner results.json; several (calls of one "
+                    "session that ran different servers) are merged, a later file's server winning")
     ap.add_argument("--out", type=Path, default=Path("."))
     ap.add_argument("--field-accept", type=float, default=FIELD_ACCEPT)
     ap.add_argument("--cap", type=float, default=CAP)
@@ -156,11 +163,13 @@ def main(argv: list[str] | None = None) -> int:
     if not 1 <= args.field_accept <= args.cap:
         print(f"analysis: --field-accept {args.field_accept:g}: give 1 to --cap ({args.cap:g})", file=sys.stderr)
         return 2
-    try:
-        results = json.loads(args.results.read_text())
-    except (OSError, ValueError) as err:
-        print(f"analysis: {args.results}: cannot read the results: {err}", file=sys.stderr)
-        return 2
+    results: dict = {}
+    for path in args.results:
+        try:
+            results.update(merge_servers(json.loads(path.read_text())))
+        except (OSError, ValueError) as err:
+            print(f"analysis: {path}: cannot read the results: {err}", file=sys.stderr)
+            return 2
     table = rows(results, args.field_accept, args.cap)
     args.out.mkdir(parents=True, exist_ok=True)
     text = markdown(table, args.field_accept, args.cap)

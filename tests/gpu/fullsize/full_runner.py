@@ -275,7 +275,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--site", default=str(E2E_ROOT / "site"))
     ap.add_argument("--only", help="comma-separated server names, in plan order (default: all)")
     ap.add_argument("--start-estimate", type=float, default=170.0,
-                    help="seconds a wave's start takes on a cold Triton cache (later waves: 0.7 x)")
+                    help="seconds a wave's start takes on a cold Triton cache (later waves: at most the "
+                         "slowest start of the wave before + 10 s)")
     ap.add_argument("--measure-estimate", type=float, default=60.0,
                     help="seconds the measurements of one server take (runs, profile, trace export)")
     ap.add_argument("--serve-margin", type=float, default=60.0,
@@ -307,8 +308,9 @@ def main(argv: list[str] | None = None) -> int:
     save()
     all_servers: list[Server] = []
     try:
+        start_estimate = args.start_estimate
         for n, wave in enumerate(plan_waves):
-            estimate = args.start_estimate * (1.0 if n == 0 else 0.7) + args.measure_estimate * max(
+            estimate = start_estimate + args.measure_estimate * max(
                 sum(1 for _, g in wave if g == gpu) for gpu in {g for _, g in wave})
             if time.time() + estimate > args.deadline:
                 for e, _ in wave:
@@ -319,6 +321,9 @@ def main(argv: list[str] | None = None) -> int:
             all_servers += servers
             say(f"wave {n}: {[s.name for s in servers]}")
             live = start_wave(servers, results, args.deadline, args.serve_margin)
+            starts = [s.startup_s() for s in live if s.startup_s()]
+            if starts:  # the next wave starts on a warmer Triton cache: no slower than this one
+                start_estimate = min(start_estimate, max(starts) + 10)
             save()
             threads = []
 
