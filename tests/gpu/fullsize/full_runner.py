@@ -91,7 +91,7 @@ class Server(e2e_runner.ServerProc):
         self.log_path = ROOT / "logs" / f"{self.name}.log"
         self.profile_dir = ROOT / "profile" / self.name
         self.env["PYTHONPATH"] = self.env["PYTHONPATH"].replace(str(HERE.parent / "e2e" / "hook"), str(HERE / "hook"))
-        self.env.update(CUDA_VISIBLE_DEVICES=str(gpu), SGLANG_TORCH_PROFILER_DIR=str(self.profile_dir),
+        self.env.update(CUDA_VISIBLE_DEVICES=str(gpu), CUDA_DEVICE_ORDER="PCI_BUS_ID",  # nvidia-smi's indices SGLANG_TORCH_PROFILER_DIR=str(self.profile_dir),
                         SGDEPLOY_FULL_HOOK="1", SGDEPLOY_E2E_HOOK="1", OMP_NUM_THREADS="4",
                         TRITON_CACHE_DIR=str(E2E_ROOT / "triton-cache"), SGLANG_JIT_CACHE_DIR=str(E2E_ROOT / "jit-cache"))
 
@@ -236,6 +236,18 @@ def stop_wave(servers: list[Server]) -> None:
         s.stop()
 
 
+def wait_released(baseline: dict[int, int], timeout: float = 40.0) -> dict:
+    """Wait until every GPU's used memory is back within 2 GiB of what it was before the first wave (a stopped
+    server's memory is freed a little after its process exits; the next server sizes its pools from the free
+    memory at its start). Returns the used MiB per GPU at the end."""
+    end = time.time() + timeout
+    while True:
+        used = {g["index"]: g["used_mib"] for g in gpus()}
+        if all(used.get(i, 0) <= base + 2048 for i, base in baseline.items()) or time.time() > end:
+            return used
+        time.sleep(POLL_S / 2)
+
+
 def start_wave(wave: list[Server], results: dict, deadline: float, serve_margin: float) -> list[Server]:
     """Start the wave's servers (a second server on a GPU waits until the first serves); wait until all serve."""
     started: dict[int, Server] = {}
@@ -290,6 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "traces").mkdir(exist_ok=True)
     devs = gpus()
+    baseline = {g["index"]: g["used_mib"] for g in devs}
     total = min(g["total_mib"] for g in devs) * (1 << 20)
     plan_waves = waves.waves(entries, len(devs), total)
     results: dict = {"plan": "fullsize", "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -345,6 +358,7 @@ def main(argv: list[str] | None = None) -> int:
             for t in threads:
                 t.join()
             stop_wave(servers)
+            results.setdefault("released_mib", []).append(wait_released(baseline))
             for s in live:
                 prof = (results[s.name].get("measure") or {}).get("profile") or {}
                 if prof.get("trace"):
