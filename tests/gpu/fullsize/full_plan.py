@@ -193,24 +193,26 @@ def build(gpu_gib: float = GPU_GIB) -> dict:
             "reserve_gib": RESERVE_GIB, "gpu_reserve_gib": GPU_RESERVE_GIB}
 
 
+def describe(entry: dict) -> str:
+    p = entry["predicted_bytes"]
+    return (f"{entry['name']:<22} running {entry['max_running']} batches {entry['batches']} predicted "
+            f"{p['total'] / GIB:6.1f} GiB (buffers {entry['predicted_forking_gib']} GiB)")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path)
-    ap.add_argument("--gpu-gib", type=float, default=GPU_GIB)
+    ap.add_argument("--out", type=Path, help="write the plan there (default: print it)")
+    ap.add_argument("--gpu-gib", type=float, default=GPU_GIB, help=f"one GPU's memory (default {GPU_GIB})")
     args = ap.parse_args(argv)
     try:
         built = build(args.gpu_gib)
     except spec.ConfigError as err:
-        print(f"full_plan: {err}", file=sys.stderr)
-        return 2
-    text = json.dumps(built, indent=1)
-    if args.out:
-        args.out.write_text(text + "\n")
-        for s in built["servers"]:
-            print(f"{s['name']:<22} running {s['max_running']} batches {s['batches']} predicted "
-                  f"{s['predicted_bytes']['total'] / GIB:6.1f} GiB (buffers {s['predicted_forking_gib']} GiB)")
-    else:
-        print(text)
+        raise SystemExit(f"full_plan: {err}") from None
+    if args.out is None:
+        print(json.dumps(built, indent=1))
+        return 0
+    args.out.write_text(json.dumps(built, indent=1) + "\n")
+    print("\n".join(describe(e) for e in built["servers"]))
     return 0
 
 
