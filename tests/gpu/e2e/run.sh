@@ -25,20 +25,7 @@ fi
 el "set $SET, budget ${BUDGET}s; $(date -u +%FT%TZ)"
 nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv,noheader
 python3 -c 'import sys, torch, triton, transformers; print("python", sys.version.split()[0], "torch", torch.__version__, "triton", triton.__version__, "transformers", transformers.__version__)'
-for h in /usr/local/cuda /usr/local/cuda-*; do
-  if [ -x "$h/bin/nvcc" ]; then export CUDA_HOME=$h; break; fi
-done
-el "CUDA_HOME=${CUDA_HOME:-unset}"
-if [ ! -f "$R/site/.complete" ]; then
-  el "install: releases, sglang-kernel 0.4.6, wheels, flashinfer stand-in"
-  python3 "$HERE/releases.py" "$B" "$R/releases" || exit 1
-  mkdir -p "$R/site" "$R/fi-standin"
-  tar -C "$R/site" -xJf "$B/sgl_kernel_046_sm90.tar.xz" || exit 1
-  tar -C "$R/fi-standin" -xJf "$B/flashinfer_standin.tar.xz" || exit 1
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$R/site" \
-      "$B"/wheels/*.whl 2>&1 | grep -v -i warning
-  touch "$R/site/.complete"
-fi
+source tests/gpu/e2e/install.sh  # releases, kernels, wheels, stand-in; CUDA_HOME
 if [ ! -f "$R/models/drafter/config.json" ]; then
   el "tiny models"
   python3 "$HERE/tiny_models.py" "$R/models" 2>&1 | tail -n 1
