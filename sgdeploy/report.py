@@ -144,12 +144,18 @@ def _num(x: float | None, digits: int = 1) -> str:
 
 def recommend(rows: list[dict], cliffs: list[dict], cliff_drop: float = DEFAULT_CLIFF_DROP,
               tie_tolerance: float = DEFAULT_TIE_TOLERANCE) -> tuple[dict | None, str, str | None]:
-    """(recommended row, recommendation text, warning text or None)."""
+    """(recommended row, recommendation text, warning text or None).
+
+    A variant whose exactness gate failed (it does not give the target's own greedy tokens) is never
+    recommended, however fast; the text says which were left out."""
+    inexact = [r for r in rows if exactness_verdict(r) == "fail"]
+    rows = [r for r in rows if exactness_verdict(r) != "fail"]
+    left_out = (f"; not recommended, exactness failed: {', '.join(_name(r) for r in inexact)}" if inexact else "")
     fastest = best_variant(rows)
     if fastest is None:
         failed = sum(1 for r in rows if r.get("status") != "ok")
         why = f" ({failed} of {len(rows)} failed)" if rows else ""
-        return None, f"no variant was measured{why}: nothing to recommend", None
+        return None, f"no variant was measured{why}: nothing to recommend{left_out}", None
     tied = tied_with_fastest(rows, cliffs, tie_tolerance, fastest)
     best = tied[-1]
     what = (f"{_name(best)}: {_num(best['tokens_per_s'])} tokens/s, "
@@ -177,7 +183,13 @@ def recommend(rows: list[dict], cliffs: list[dict], cliff_drop: float = DEFAULT_
         text = (f"acceptance cliff at budget {first['budget']} cap {first['topk_cap']} (accept length "
                 f"{_num(first['accept_length'], 2)}, {first['drop_pct']:.1f}% below "
                 f"{_num(first['best_accept_length'], 2)} at budget {first['from_budget']}); recommended: {what}")
-    return best, text, warning
+    return best, text + left_out, warning
+
+
+def exactness_verdict(row: dict) -> str | None:
+    """The variant's exactness verdict (pass, fail, inconclusive) from its deploy record, or None."""
+    e = row.get("exactness")
+    return e.get("verdict") if isinstance(e, dict) else None
 
 
 def build_results(*, config: str, host: str, started: str, finished: str, variants: list[dict],
@@ -191,7 +203,7 @@ def build_results(*, config: str, host: str, started: str, finished: str, varian
     cliffs = find_cliffs(variants, cliff_drop)
     cliff = first_cliff(cliffs)
     best, text, warning = recommend(variants, cliffs, cliff_drop, tie_tolerance)
-    fastest = best_variant(variants)
+    fastest = best_variant([r for r in variants if exactness_verdict(r) != "fail"])
     results = {
         "schema": SCHEMA, "config": config, "host": host, "started": started, "finished": finished,
         "variants": variants,
@@ -215,8 +227,9 @@ def markdown(results: dict) -> str:
              f"Started {results['started']}, finished {results['finished']}. "
              f"Cliff rule: accept length more than {results.get('cliff_drop', DEFAULT_CLIFF_DROP) * 100:g}% below "
              "the best of the smaller budgets (per top-k cap).", "",
-             "| budget | top-k cap | accept length | sd | tokens/s | step ms | requests | failures | status |",
-             "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+             "| budget | top-k cap | accept length | sd | tokens/s | step ms | requests | failures | exactness "
+             "| status |",
+             "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |"]
     cliff, best = results.get("cliff"), results.get("best")
     for r in results["variants"]:
         marks = []
@@ -233,7 +246,8 @@ def markdown(results: dict) -> str:
             status += f" ({', '.join(marks)})"
         lines.append(f"| {r['budget']} | {r['topk_cap']} | {_num(r['accept_length_mean'], 2)} | "
                      f"{_num(r['accept_length_sd'], 2)} | {_num(r['tokens_per_s'])} | {_num(r['step_time_ms'])} | "
-                     f"{r['requests']} | {r['failures']} | {status.replace('|', '/')} |")
+                     f"{r['requests']} | {r['failures']} | {exactness_verdict(r) or '-'} | "
+                     f"{status.replace('|', '/')} |")
     lines.append("")
     if cliff:
         lines.append(f"**Cliff**: budget {cliff['budget']} (cap {cliff['topk_cap']}), "

@@ -14,7 +14,7 @@ def row(budget, cap, acc, tps, status="ok", **kw):
     if status != "ok":
         return report.variant_row(budget, cap, status=status, error=kw.get("error", "deploy failed: x"))
     return report.variant_row(budget, cap, accept_length_mean=acc, accept_length_sd=0.3, tokens_per_s=tps,
-                              step_time_ms=80.0, requests=12, failures=0)
+                              step_time_ms=80.0, requests=12, failures=0, **kw)
 
 
 # The simulator's no-forking curve (tests/sim/README.md): a cliff right after block_size - 1 = 15.
@@ -57,8 +57,8 @@ def test_a_larger_budget_tied_with_the_fastest_is_recommended_and_the_tie_is_nam
         "cap 8: 176.7 tokens/s, accept length 15.65 (tied within 3% with budget 15 cap 8 at 172.8 and budget 32 "
         "cap 8 at 177.8 tokens/s; the larger tree accepts at least as much, so it is recommended)")
     md = report.markdown(res)
-    assert "| 32 | 8 | 15.63 | 0.30 | 177.8 | 80.0 | 12 | 0 | ok (fastest) |" in md
-    assert "| 64 | 8 | 15.65 | 0.30 | 176.7 | 80.0 | 12 | 0 | ok (best) |" in md
+    assert "| 32 | 8 | 15.63 | 0.30 | 177.8 | 80.0 | 12 | 0 | - | ok (fastest) |" in md
+    assert "| 64 | 8 | 15.65 | 0.30 | 176.7 | 80.0 | 12 | 0 | - | ok (best) |" in md
     # 172.8 is 2.8% below 177.8: inside 3%, so 15 ties too, and the largest of the three still wins.
 
 
@@ -153,9 +153,10 @@ def test_results_md_has_the_table_cliff_and_recommendation():
     res = results_of(NOFORK, restored="ddtree-b15")
     md = report.markdown(res)
     assert md.startswith("# Sweep of ddtree-b15-nofork on lab1")
-    assert "| budget | top-k cap | accept length | sd | tokens/s | step ms | requests | failures | status |" in md
-    assert "| 15 | 8 | 15.00 | 0.30 | 172.8 | 80.0 | 12 | 0 | ok (best) |" in md
-    assert "| 32 | 8 | 7.20 | 0.30 | 92.2 | 80.0 | 12 | 0 | ok (cliff) |" in md
+    assert ("| budget | top-k cap | accept length | sd | tokens/s | step ms | requests | failures | exactness | "
+            "status |") in md
+    assert "| 15 | 8 | 15.00 | 0.30 | 172.8 | 80.0 | 12 | 0 | - | ok (best) |" in md
+    assert "| 32 | 8 | 7.20 | 0.30 | 92.2 | 80.0 | 12 | 0 | - | ok (cliff) |" in md
     assert "**Cliff**: budget 32 (cap 8), accept length down 52.0% from the best so far." in md
     assert "**Recommendation**: acceptance cliff at budget 32" in md
     assert "**Warning**:" in md and "restored ddtree-b15" in md
@@ -207,3 +208,15 @@ def test_png_with_a_tie_band_is_written(tmp_path):
     paths = report.write(res, tmp_path)
     assert png_size(paths["png"]) == (750, 650)
     assert "ok (fastest)" in paths["md"].read_text()
+
+
+def test_a_variant_that_fails_exactness_is_shown_and_never_recommended():
+    """The fastest variant gives wrong tokens (a state leak): the sweep must not recommend it (issue 22)."""
+    rows = [row(15, 8, 10.0, 150.0, exactness={"verdict": "pass"}),
+            row(32, 8, 11.0, 200.0, exactness={"verdict": "fail", "reason": "prompt x01 ..."})]
+    res = results_of(rows)
+    assert res["best"]["budget"] == 15
+    assert "not recommended, exactness failed: budget 32 cap 8" in res["recommendation"]
+    md = report.markdown(res)
+    assert "| 32 | 8 | 11.00 | 0.30 | 200.0 | 80.0 | 12 | 0 | fail | ok |" in md
+    assert "| 15 | 8 | 10.00 | 0.30 | 150.0 | 80.0 | 12 | 0 | pass | ok (best) |" in md
