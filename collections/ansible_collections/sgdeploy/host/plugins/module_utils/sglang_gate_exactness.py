@@ -225,6 +225,18 @@ def _g(x: float) -> str:
     return f"{x:.3g}"
 
 
+def _own_and_runner_up(top: list, token: int) -> tuple[float, tuple[float, int, str | None]]:
+    """The log-probability of the token the reference chose, and the best other token of its top list.
+
+    At an exact tie the server may list its own token second (seen on the H200: top-2 ``[[-1.709, 2],
+    [-1.709, 0]]`` with token 0 chosen), so the runner-up is "the best listed token that is not the
+    reference's own", not "the second entry"."""
+    own = next((float(e[0]) for e in top if e[1] == token), float(top[0][0]))
+    others = [e for e in top if e[1] != token]
+    lp2, id2, t2 = max(others, key=lambda e: float(e[0]))
+    return own, (float(lp2), id2, t2)
+
+
 def compare(reference: dict, candidate: list[dict], tolerance: float) -> Verdict:
     """Per prompt, find the first token that differs from the reference and judge it (module docstring)."""
     ref = {o["prompt_id"]: o for o in reference["outputs"]}
@@ -242,8 +254,8 @@ def compare(reference: dict, candidate: list[dict], tolerance: float) -> Verdict
             else:
                 equal += 1
             continue
-        (lp1, _id1, _t1), (lp2, id2, t2) = r["top"][step][0], r["top"][step][1]
-        gap = float(lp1) - float(lp2)
+        lp1, (lp2, id2, t2) = _own_and_runner_up(r["top"][step], rt[step])
+        gap = max(lp1 - lp2, 0.0)
         item = {"prompt": cand["prompt_id"], "step": step + 1, "reference_token": rt[step],
                 "reference_text": r["texts"][step], "candidate_token": ct[step],
                 "candidate_text": (cand.get("texts") or [None] * len(ct))[step],
