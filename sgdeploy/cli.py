@@ -18,7 +18,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from sgdeploy import render, spec
+from sgdeploy import models, render, spec
 
 PROG = "sgdeploy"
 
@@ -50,6 +50,16 @@ DELEGATED: dict[str, tuple[str, str]] = {
     "exactness": ("exactness", "the exactness gate's target-alone config, comparison, collection (sgdeploy.exactness)"),
     "patchwork": ("patchwork", "lay out the series in build/patchwork/ or write a diff back (sgdeploy.patchwork)"),
 }
+
+
+def _absolute(option: str):
+    """An argparse type: an absolute folder without `..`, spaces or control characters (it reaches the unit)."""
+    def parse(text: str) -> str:
+        if not text.startswith("/") or ".." in text.split("/") or any(c.isspace() or ord(c) < 32 for c in text):
+            raise argparse.ArgumentTypeError(f"{option} {text!r}: give an absolute folder without '..', "
+                                             "spaces or control characters")
+        return text.rstrip("/") or "/"
+    return parse
 
 
 def _release_label(config: spec.Config, patches_dir: Path | None) -> str:
@@ -89,6 +99,7 @@ def host_settings(config: spec.Config, args: argparse.Namespace) -> render.HostS
         release_root=args.release_root,
         service_user=getattr(args, "service_user", render.SERVICE_USER),
         env_dir=getattr(args, "env_dir", render.ENV_DIR),
+        models_root=getattr(args, "models_root", models.MODELS_ROOT),
     )
 
 
@@ -125,7 +136,7 @@ def cmd_render(args: argparse.Namespace) -> int:
             "gates": config.gates.as_mapping(), "start_timeout_s": config.serving.start_timeout_s,
             "stop_timeout_s": config.serving.stop_timeout_s,
             "drain_timeout_s": config.serving.drain_timeout_s,
-            "models": render.model_sources(config),
+            "models": render.model_sources(config, host.models_root),
         }, indent=2))
     else:
         print(unit_path)
@@ -240,6 +251,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--secret-env-json", default="", help=argparse.SUPPRESS)
     p.add_argument("--service-user", default=render.SERVICE_USER, help="the service account (User=, Group=)")
     p.add_argument("--env-dir", default=render.ENV_DIR, help="folder of the env file on the host")
+    p.add_argument("--models-root", default=models.MODELS_ROOT, type=_absolute("--models-root"),
+                   help=f"folder of the hf and controller models on the host (default {models.MODELS_ROOT})")
     p.add_argument("--no-verify", action="store_true", help="skip systemd-analyze verify")
     p.add_argument("--json", action="store_true", help="print a JSON description instead of paths")
     p.set_defaults(func=cmd_render)

@@ -20,12 +20,8 @@ import sys
 import tarfile
 from pathlib import Path
 
-COLLECTIONS = Path(__file__).resolve().parents[1] / "collections"
-if str(COLLECTIONS) not in sys.path:
-    sys.path.insert(0, str(COLLECTIONS))
-
-from ansible_collections.sgdeploy.host.plugins.module_utils import model_folders  # noqa: E402
-from ansible_collections.sgdeploy.host.plugins.module_utils.model_folders import (  # noqa: E402,F401
+from ansible_collections.sgdeploy.host.plugins.module_utils import model_folders
+from ansible_collections.sgdeploy.host.plugins.module_utils.model_folders import (  # noqa: F401
     MARKER,
     MODELS_ROOT,
     SOURCES,

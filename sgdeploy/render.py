@@ -41,6 +41,7 @@ class HostSettings:
     cuda_home: str = "/usr/local/cuda"
     service_user: str = SERVICE_USER
     env_dir: str = ENV_DIR
+    models_root: str = models.MODELS_ROOT  # hf and controller models live under it (role sglang_models' root)
 
 
 @dataclass(frozen=True)
@@ -80,11 +81,11 @@ def model_source(m: Model | Drafter, role: str, models_root: str = models.MODELS
     return out
 
 
-def model_sources(config: Config) -> list[dict]:
+def model_sources(config: Config, models_root: str = models.MODELS_ROOT) -> list[dict]:
     """The target model and the drafter (when there is one), as the models role needs them."""
-    out = [model_source(config.model, "model")]
+    out = [model_source(config.model, "model", models_root)]
     if config.drafter is not None and config.speculative.algorithm != "NONE":
-        out.append(model_source(config.drafter, "drafter"))
+        out.append(model_source(config.drafter, "drafter", models_root))
     return out
 
 
@@ -96,7 +97,7 @@ def launch_args(config: Config, host: HostSettings) -> list[str]:
     """The SGLang flags the config implies, in a fixed order."""
     sv, sp = config.serving, config.speculative
     args = [
-        "--model-path", model_source(config.model, "model")["local_dir"],
+        "--model-path", model_source(config.model, "model", host.models_root)["local_dir"],
         "--tp-size", str(sv.tp_size),
         "--host", bind_address(config, host),
         "--port", str(sv.port),
@@ -110,8 +111,9 @@ def launch_args(config: Config, host: HostSettings) -> list[str]:
         args += ["--max-running-requests", str(sv.max_running_requests)]
     if sp.algorithm != "NONE":
         assert config.drafter is not None
+        drafter_dir = model_source(config.drafter, "drafter", host.models_root)["local_dir"]
         args += ["--speculative-algorithm", sp.algorithm,
-                 "--speculative-draft-model-path", model_source(config.drafter, "drafter")["local_dir"],
+                 "--speculative-draft-model-path", drafter_dir,
                  "--speculative-dflash-block-size", str(sp.block_size)]
     if sp.algorithm == "DDTREE":
         # The patched SGLang's switches, always written out so the unit says what runs (both default

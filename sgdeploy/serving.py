@@ -1,7 +1,8 @@
 """Talking to a running SGLang service: health, drain, warm-up, one greedy request.
 
-Standard library only: the deploy playbook copies the ``sgdeploy`` package to a host and runs
-``python3 -m sgdeploy.serving ...`` there with the system Python.
+The HTTP client (``generate``, ``check_url``, ``is_healthy``) is the gate module's own code, imported from
+the collection's module_utils (``sglang_gate_http``; ``sgdeploy.host_code``); the waits here are the
+controller's command line. Deploys wait with the ``sgdeploy.host.sglang_deploy_wait`` module.
 
 Command line (exit 0 done, 1 timed out or failed, 2 misuse)::
 
@@ -18,10 +19,18 @@ import re
 import sys
 import threading
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
 from dataclasses import asdict, dataclass, field
+
+from ansible_collections.sgdeploy.host.plugins.module_utils.sglang_gate_http import (  # noqa: F401
+    ServingError,
+    UsageError,
+    _reason,
+    _refused,
+    _request,
+    check_url,
+    generate,
+    is_healthy,
+)
 
 # Gauges that count requests the engine still owns; all of them must read 0 before a stop.
 IN_FLIGHT_GAUGES = ("sglang:num_running_reqs", "sglang:num_queue_reqs")
@@ -29,95 +38,8 @@ IN_FLIGHT_GAUGES = ("sglang:num_running_reqs", "sglang:num_queue_reqs")
 WARMUP_PROMPT = "Warm-up: list the first ten prime numbers and explain why 1 is not prime."
 
 
-class ServingError(Exception):
-    """A service did not do what was asked (down, wrong answer, timed out): one line for people."""
-
-
 class MetricsUnavailable(ServingError):
     """The service answers but has no in-flight gauge: a drain cannot be watched, waiting will not help."""
-
-
-class UsageError(ValueError):
-    """Bad input from the caller (a malformed URL, a negative count): one line naming the value."""
-
-
-def check_url(url: str) -> str:
-    """Return ``url`` without a trailing slash, or raise UsageError naming what is wrong."""
-    parsed = urllib.parse.urlsplit(url or "")
-    if parsed.scheme not in ("http", "https") or not parsed.hostname:
-        raise UsageError(f"--url {url!r} is not a service address; expected http://HOST:PORT")
-    try:
-        _ = parsed.port
-    except ValueError:
-        raise UsageError(f"--url {url!r} has a bad port; expected http://HOST:PORT") from None
-    return url.rstrip("/")
-
-
-def _request(method: str, url: str, body: dict | None, timeout: float) -> tuple[int, bytes]:
-    """One HTTP exchange. Returns (status, body); raises OSError when nothing answers."""
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, method=method)
-    if data is not None:
-        req.add_header("Content-Type", "application/json")
-    try:
-        with urllib.request.urlopen(req, timeout=max(timeout, 0.05)) as resp:
-            return resp.status, resp.read()
-    except urllib.error.HTTPError as err:
-        return err.code, err.read() or b""
-
-
-def generate(base_url: str, text: str, max_new_tokens: int, timeout: float,
-             ignore_eos: bool = True) -> dict:
-    """Send one greedy ``/generate`` request and return the decoded response.
-
-    The answer has ``text`` and ``meta_info``; raises ServingError when the service does not
-    answer with HTTP 200 and a JSON object.
-    """
-    body = {
-        "text": text,
-        "sampling_params": {"temperature": 0, "max_new_tokens": max_new_tokens, "ignore_eos": ignore_eos},
-    }
-    try:
-        status, raw = _request("POST", base_url + "/generate", body, timeout)
-    except OSError as err:
-        raise ServingError(f"/generate failed: {_reason(err)}") from None
-    if status != 200:
-        snippet = raw[:200].decode(errors="replace").strip()
-        raise ServingError(f"/generate answered HTTP {status}: {snippet}")
-    try:
-        answer = json.loads(raw)
-    except ValueError:
-        raise ServingError("/generate answered something that is not JSON") from None
-    if isinstance(answer, list) and len(answer) == 1:
-        answer = answer[0]
-    if not isinstance(answer, dict) or not isinstance(answer.get("meta_info", {}), dict):
-        raise ServingError("/generate answered JSON without the expected text and meta_info")
-    return answer
-
-
-def _reason(err: BaseException) -> str:
-    """The cause of a failed exchange in a few words ("Connection refused", "timed out")."""
-    if isinstance(err, urllib.error.URLError) and not isinstance(err, urllib.error.HTTPError):
-        err = err.reason if isinstance(err.reason, BaseException) else Exception(str(err.reason))
-    if isinstance(err, TimeoutError):
-        return "timed out"
-    return (err.strerror if isinstance(err, OSError) else None) or str(err) or type(err).__name__
-
-
-def _refused(err: BaseException) -> bool:
-    """True when nothing listens at the address (as opposed to a slow or broken answer)."""
-    if isinstance(err, urllib.error.URLError):
-        err = err.reason
-    return isinstance(err, ConnectionRefusedError)
-
-
-def is_healthy(base_url: str, timeout: float = 5.0) -> bool:
-    """True when ``/health`` answers HTTP 200 (SGLang answers 503 while starting or draining)."""
-    try:
-        status, _ = _request("GET", base_url + "/health", None, timeout)
-    except OSError:
-        return False
-    return status == 200
 
 
 @dataclass

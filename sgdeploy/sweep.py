@@ -38,7 +38,6 @@ from sgdeploy import bench, records, report, serving, spec, tunnel
 REPO_ROOT = spec.REPO_ROOT
 BUILD_DIR = REPO_ROOT / "build" / "sweeps"
 PLAYBOOK = REPO_ROOT / "playbooks" / "deploy.yml"
-TOOLS_DIR = "/usr/local/lib/sgdeploy"
 HOST_GROUP = "gpu_hosts"
 
 
@@ -291,14 +290,20 @@ class Sweep:
     # ---- host
     def running_before(self) -> list[str]:
         """Configs active on the host now that a variant would replace (same GPU, or same address and port)."""
-        command = (f"if [ -d {TOOLS_DIR}/sgdeploy ]; then PYTHONPATH={TOOLS_DIR} python3 -m sgdeploy.hoststate "
-                   "deployed; else echo '{\"deployed\": []}'; fi")
-        rc, out, err = tunnel.run(self.target, command)
+        # The status module of the deploy (read-only), as an ad-hoc call: nothing of sgdeploy is on the host.
+        state_dir = str(self.hostvars.get("sglang_deploy_state_dir") or "/var/lib/sglang-deploy")
+        cmd = [_bin("ansible"), "-i", str(self.inventory), self.host, "-o", "-m", "sgdeploy.host.sglang_deploy_status",
+               "-a", json.dumps({"state_dir": state_dir})]
+        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO_ROOT, stdin=subprocess.DEVNULL,
+                              check=False)
+        _, arrow, rest = proc.stdout.partition("=> ")
         try:
-            deployed = json.loads(out)["deployed"]
+            deployed = json.loads(rest)["deployed"] if arrow and proc.returncode == 0 else None
         except (ValueError, KeyError, TypeError):
-            raise tunnel.TunnelError(f"{self.host}: hoststate deployed exited {rc}: "
-                                     f"{(err or out).strip()[:300]}") from None
+            deployed = None
+        if not isinstance(deployed, list):
+            raise tunnel.TunnelError(f"{self.host}: reading what runs there (sgdeploy.host.sglang_deploy_status) "
+                                     f"exited {proc.returncode}: {(proc.stderr or proc.stdout).strip()[:300]}")
         sv = self.base.serving
         clash = []
         for d in deployed:

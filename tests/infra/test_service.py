@@ -231,6 +231,31 @@ def test_hf_hub_offline(host, deployments):
     report(problems)
 
 
+MODEL_FLAGS = ("--model-path", "--speculative-draft-model-path")
+
+
+def test_model_folders_of_the_unit_are_on_the_host(host, hostvars, deployments):
+    """The folders the unit loads exist; those under the models root (inventory sglang_deploy_models_root,
+    else sglang_models_root, else /var/lib/sglang/models) belong to the service user."""
+    root = str(hostvars.get("sglang_deploy_models_root") or hostvars.get("sglang_models_root")
+               or "/var/lib/sglang/models").rstrip("/")
+    problems = []
+    for d in deployments:
+        exec_start = host.run(f"systemctl show -p ExecStart --value {shlex.quote(d.unit)}").stdout
+        argv = exec_start.partition("argv[]=")[2].partition(" ;")[0].split()
+        folders = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a in MODEL_FLAGS]
+        if not folders:
+            problems.append(f"{d}: {d.unit} names no --model-path (ExecStart {exec_start.strip()[:200]})")
+        for folder in folders:
+            f = host.file(folder)
+            if not f.is_directory:
+                problems.append(f"{d}: {d.unit} loads {folder}, which is not a folder on the host")
+            elif folder.startswith(root + "/") and f.user != d.service_user:
+                problems.append(f"{d}: {folder} (under the models root {root}) belongs to {f.user}, "
+                                f"not the service user {d.service_user}")
+    report(problems)
+
+
 @pytest.fixture(autouse=True)
 def _name_the_configs(request, deployments):
     """Show which configs a check covered (pytest -rA / -v prints them with the result)."""

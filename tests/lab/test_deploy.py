@@ -219,7 +219,13 @@ def test_rollback_by_hand_returns_to_the_previous_deploy(lab):
     assert active_unit(lab, "lab1", "sglang-ddtree-b15.service") == "active"
     assert active_unit(lab, "lab1", "sglang-ddtree-b32.service") != "active"
     assert server_info(lab, "lab1")["speculative_ddtree_budget"] == 15
-    assert newest_record(lab, "lab1", "ddtree-b32")["outcome"] == "rolled_back"
+    record = newest_record(lab, "lab1", "ddtree-b32")
+    assert record["outcome"] == "rolled_back"
+    # The restored service passed the smoke gate (issue 19), and the record says so.
+    assert "smoke gate passed: answered" in proc.stdout, output_of(proc)[-3000:]
+    assert record["rollback"]["smoke"]["gate"] == "smoke" and record["rollback"]["smoke"]["verdict"] == "pass"
+    assert [(g["gate"], g["verdict"]) for g in record["gates"]] == [("smoke", "pass")]
+    assert "smoke gate passed" in record["message"]
 
 
 def test_rollout_stops_at_the_first_failing_host(lab):

@@ -41,15 +41,46 @@ def test_syntax_check_catches_a_broken_playbook(tmp_path):
         broken.unlink()
 
 
-OWN_HOST_STEPS = [REPO / "playbooks" / f"{name}.yml" for name in ("deploy", "rollback", "status")] + [
-    p for p in sorted((REPO / "roles" / "sglang_deploy" / "tasks").glob("*.yml")) if p.name != "gate.yml"]
+ANSIBLE_FILES = sorted(p for top in ("playbooks", "roles") for p in (REPO / top).rglob("*.yml"))
 
 
-@pytest.mark.parametrize("path", OWN_HOST_STEPS, ids=[p.name for p in OWN_HOST_STEPS])
+@pytest.mark.parametrize("path", ANSIBLE_FILES, ids=[str(p.relative_to(REPO)) for p in ANSIBLE_FILES])
 def test_host_steps_are_modules_not_copied_python(path):
-    """Issue 19: the deploy's host steps are sgdeploy.host modules; no `python3 -m sgdeploy.X` with
-    PYTHONPATH (only tasks/gate.yml still runs the copied gate), no secrets in any argv."""
+    """Issue 19: every host step is an sgdeploy.host module; nothing runs `python3 -m sgdeploy.X` on a host
+    with a PYTHONPATH, no secrets in any argv."""
     text = path.read_text()
     assert "PYTHONPATH" not in text
     assert "sgdeploy.hoststate" not in text and "sgdeploy.serving" not in text and "sgdeploy.records, write" not in text
+    assert "sgdeploy.gate" not in text and "sgdeploy.bench" not in text and "tools_dir" not in text
     assert "--secret-env-json" not in text
+
+
+def _tasks(node):
+    """Every task mapping in a parsed tasks or playbook file, blocks and plays included."""
+    if isinstance(node, list):
+        for item in node:
+            yield from _tasks(item)
+    elif isinstance(node, dict):
+        yield node
+        for key in ("block", "rescue", "always", "tasks", "pre_tasks", "post_tasks", "handlers"):
+            yield from _tasks(node.get(key) or [])
+
+
+def test_no_task_copies_the_sgdeploy_package_to_a_host():
+    """Issue 19: nothing of the `sgdeploy` package (its modules, its prompts) is copied to hosts; the gates
+    run as the sgdeploy.host.sglang_gate module, whose code Ansible ships itself."""
+    import yaml
+
+    copies = []
+    for path in ANSIBLE_FILES:
+        for task in _tasks(yaml.safe_load(path.read_text()) or []):
+            for action in ("ansible.builtin.copy", "ansible.builtin.template", "ansible.posix.synchronize",
+                           "ansible.builtin.unarchive"):
+                args = task.get(action)
+                if isinstance(args, dict) and task.get("delegate_to") != "localhost" and (
+                        "sgdeploy" in str(args.get("src", "")) or "sgdeploy" in str(task.get("loop", ""))
+                        or "/sgdeploy" in str(args.get("dest", ""))):
+                    copies.append(f"{path.relative_to(REPO)}: {task.get('name')}")
+    assert copies == []
+    gate = yaml.safe_load((REPO / "roles" / "sglang_deploy" / "tasks" / "gate.yml").read_text())
+    assert any("sgdeploy.host.sglang_gate" in t for t in _tasks(gate))

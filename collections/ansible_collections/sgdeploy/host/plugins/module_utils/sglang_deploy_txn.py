@@ -201,7 +201,8 @@ def _current_of(deploy):
                                       "speculative")}
     current["unit_digest"] = deploy["digest"]
     for key, value in (("env_file", deploy.get("env_name")), ("service_user", deploy.get("service_user")),
-                       ("release_dir", deploy.get("release_dir"))):
+                       ("release_dir", deploy.get("release_dir")),
+                       ("gates", deploy.get("gates"))):  # the gates settings: make rollback's smoke gate
         if value:
             current[key] = value
     current["deployed"] = now_iso()

@@ -49,13 +49,17 @@ def main():
     )
     p = module.params
     report = read_json(p["report_path"]) if p["report_path"] and os.path.exists(p["report_path"]) else None
-    record = records.build(p["config"], p["host"], p["release"], p["outcome"], p["started"], p["patches"],
-                           p["features"], p["unit_digest"], report=report, rollback=p["rollback"],
-                           message=p["message"])
+    try:
+        record = records.build_record(config=p["config"], host=p["host"], release=p["release"], outcome=p["outcome"],
+                                      started=p["started"], patches=p["patches"], features=p["features"],
+                                      unit_digest=p["unit_digest"], report=report, rollback=p["rollback"],
+                                      message=p["message"])
+    except records.RecordError as exc:
+        module.fail_json(msg=f"deploy record: {exc}")
     if module.check_mode:
         module.exit_json(changed=True, path="", record=record)
     try:
-        path = records.write(p["records_dir"], record)
+        path = str(records.write_record(p["records_dir"], record))
     except OSError as exc:
         module.fail_json(msg="could not write the deploy record in {}: {}".format(p["records_dir"], exc), record=record)
     module.exit_json(changed=True, path=path, record=record)
