@@ -30,46 +30,64 @@ RESULTS = REPO / "build" / "lab-router-results.json"
 ROUTER_PORT = 31200
 REPLICA_PORTS = (31201, 31203)
 CONCURRENCY = 8
-MAX_REQUESTS = 4000   # bounds of the client load, whichever comes first
-MAX_SECONDS = 420
+PACE_S = 1.0          # each client sends at most one request a second: the load spans every phase
+MAX_REQUESTS = 20000  # bounds of the client load, whichever comes first
+MAX_SECONDS = 1200
 
 
 class Load:
-    """Requests at a fixed concurrency through every host's router until stopped (or a bound)."""
+    """Paced requests at a fixed concurrency through every host's router until stopped (or a bound),
+    and once a second, how many replicas each router lists healthy (its capacity)."""
 
-    def __init__(self, urls: list[str]):
-        self.urls = urls
+    def __init__(self, routers: list[str]):
+        self.routers = routers
         self.stop = threading.Event()
         self.lock = threading.Lock()
-        self.done: list[tuple[float, str, bool, str]] = []   # (end time, router url, ok, detail)
+        self.done: list[tuple[float, float, str, bool, str]] = []   # (end, latency, router, ok, detail)
+        self.capacity: list[tuple[float, str, int]] = []           # (time, router, healthy replicas listed)
         self.count = 0
         self.t0 = time.monotonic()
 
-    def _one(self, worker: int) -> None:
+    def _client(self, worker: int) -> None:
         body = json.dumps({"text": f"Write one sentence about the sea ({worker}).",
                            "sampling_params": {"temperature": 0, "max_new_tokens": 24}}).encode()
         i = 0
         while not self.stop.is_set():
             with self.lock:
-                if self.count >= MAX_REQUESTS or time.monotonic() - self.t0 > MAX_SECONDS:
+                if self.count >= MAX_REQUESTS or self.now() > MAX_SECONDS:
                     return
                 self.count += 1
-            url = self.urls[(worker + i) % len(self.urls)]
+            url = self.routers[(worker + i) % len(self.routers)]
             i += 1
             req = urllib.request.Request(url + "/generate", data=body, method="POST",
                                          headers={"Content-Type": "application/json"})
+            sent = time.monotonic()
             try:
                 with urllib.request.urlopen(req, timeout=60) as resp:
                     ok = resp.status == 200 and bool(json.loads(resp.read()).get("text"))
                     detail = str(resp.status)
             except (urllib.error.URLError, OSError, ValueError) as exc:
                 ok, detail = False, f"{type(exc).__name__}: {exc}"
+            took = time.monotonic() - sent
             with self.lock:
-                self.done.append((time.monotonic() - self.t0, url, ok, detail))
+                self.done.append((self.now(), took, url, ok, detail))
+            self.stop.wait(max(0.0, PACE_S - took))
+
+    def _sampler(self) -> None:
+        while not self.stop.wait(1.0) and self.now() <= MAX_SECONDS:
+            for url in self.routers:
+                try:
+                    with urllib.request.urlopen(url + "/workers", timeout=5) as resp:
+                        healthy = sum(1 for w in json.loads(resp.read())["workers"] if w["is_healthy"])
+                except (urllib.error.URLError, OSError, ValueError):
+                    healthy = -1
+                with self.lock:
+                    self.capacity.append((self.now(), url, healthy))
 
     def __enter__(self) -> Load:
-        self.pool = ThreadPoolExecutor(CONCURRENCY)
-        self.futures = [self.pool.submit(self._one, w) for w in range(CONCURRENCY)]
+        self.pool = ThreadPoolExecutor(CONCURRENCY + 1)
+        self.futures = [self.pool.submit(self._client, w) for w in range(CONCURRENCY)]
+        self.futures.append(self.pool.submit(self._sampler))
         return self
 
     def __exit__(self, *exc) -> None:
@@ -78,13 +96,24 @@ class Load:
             f.result()
         self.pool.shutdown()
 
-    def rate(self, t_from: float, t_to: float) -> float:
-        with self.lock:
-            n = sum(1 for t, _, ok, _ in self.done if ok and t_from <= t < t_to)
-        return n / max(t_to - t_from, 1e-9)
-
     def now(self) -> float:
         return time.monotonic() - self.t0
+
+    def window(self, t_from: float, t_to: float) -> dict:
+        """What the clients saw in [t_from, t_to): requests, failures, latency, and the routers' capacity."""
+        with self.lock:
+            done = [d for d in self.done if t_from <= d[0] < t_to]
+            cap = [c for c in self.capacity if t_from <= c[0] < t_to]
+        lat = sorted(d[1] for d in done if d[3])
+
+        def pct(q: float) -> float | None:
+            return round(lat[min(len(lat) - 1, int(q * len(lat)))], 3) if lat else None
+
+        reduced = {url: sum(1 for c in cap if c[1] == url and c[2] < len(REPLICA_PORTS)) for url in self.routers}
+        return {"seconds": round(t_to - t_from, 1), "requests": len(done), "failed": sum(1 for d in done if not d[3]),
+                "latency_p50_s": pct(0.5), "latency_p95_s": pct(0.95),
+                "min_replicas_in_router": min((c[2] for c in cap), default=None),
+                "seconds_below_full_capacity": {url.split("//")[1]: n for url, n in reduced.items()}}
 
 
 def _workers(lab, state: str, port: int) -> None:
@@ -102,12 +131,7 @@ def _listed(lab, host: str) -> dict[str, bool]:
 def _timed(lab, load: Load, playbook: str, *args: str) -> tuple[dict, object]:
     start = load.now()
     proc = lab.ansible_playbook(playbook, *args, check=False, timeout=900)
-    end = load.now()
-    return {"playbook": playbook, "args": list(args), "rc": proc.returncode, "seconds": round(end - start, 1),
-            "rate_before": round(load.rate(max(0.0, start - 10), start), 2),
-            "rate_during": round(load.rate(start, end), 2),
-            "rate_lowest_10s": round(min(load.rate(t, t + 10)
-                                         for t in range(int(start), max(int(start) + 1, int(end) - 9))), 2)}, proc
+    return {"playbook": playbook, "rc": proc.returncode, **load.window(start, load.now())}, proc
 
 
 def _active_since(lab, host: str, unit: str) -> str:
@@ -121,7 +145,8 @@ def _budget(lab, host: str, port: int) -> int:
 
 def test_replicas_roll_canary_first_with_no_failed_request(lab):
     cfg = {name: f"config={LAB_CONFIGS / f'lab-replicas-{name}.yml'}" for name in ("b15", "b32", "b64-nofork")}
-    first = lab.ansible_playbook("playbooks/deploy.yml", "-e", cfg["b15"], timeout=900)
+    # Hosts two at a time (deploy_serial): each host still rolls its own replicas one at a time.
+    first = lab.ansible_playbook("playbooks/deploy.yml", "-e", cfg["b15"], "-e", "deploy_serial=2", timeout=900)
     assert "ROLLED OUT on lab1: lab-replicas-b15, 2 replica(s)" in first.stdout
     for host in lab.hosts:
         listed = _listed(lab, host)
@@ -131,8 +156,10 @@ def test_replicas_roll_canary_first_with_no_failed_request(lab):
     phases: dict[str, dict] = {}
     router_since = {h: _active_since(lab, h, f"sglang-router-{ROUTER_PORT}.service") for h in lab.hosts}
     with Load(routers) as load:
-        time.sleep(10)  # a window with both replicas in, the baseline of the dip
-        phases["a_switch_b15_to_b32"], proc = _timed(lab, load, "playbooks/deploy.yml", "-e", cfg["b32"])
+        time.sleep(15)  # a window with both replicas in, the baseline of the dip
+        phases["baseline"] = load.window(0, load.now())
+        phases["a_switch_b15_to_b32"], proc = _timed(lab, load, "playbooks/deploy.yml", "-e", cfg["b32"],
+                                                     "-e", "deploy_serial=2")
         assert proc.returncode == 0, proc.stdout[-3000:]
         for host in lab.hosts:
             assert f"ROLLED OUT on {host}: lab-replicas-b32, 2 replica(s)" in proc.stdout, proc.stdout[-3000:]
@@ -155,21 +182,23 @@ def test_replicas_roll_canary_first_with_no_failed_request(lab):
             _workers(lab, "absent", port)
             lab.ansible_playbook("playbooks/rollback.yml", "-e", f"config=lab-replicas-b32-r{index}", timeout=900)
             _workers(lab, "present", port)
-        end = load.now()
-        phases["c_manual_rollback"] = {"seconds": round(end - start, 1),
-                                       "rate_before": round(load.rate(max(0.0, start - 10), start), 2),
-                                       "rate_during": round(load.rate(start, end), 2)}
+        phases["c_manual_rollback"] = load.window(start, load.now())
         for host in lab.hosts:
             assert [_budget(lab, host, p) for p in REPLICA_PORTS] == [15, 15]
         time.sleep(5)
-    failed = [d for d in load.done if not d[2]]
+    failed = [d for d in load.done if not d[3]]
     total = len(load.done)
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps({"requests": total, "failed": len(failed), "concurrency": CONCURRENCY,
-                                   "seconds": round(load.now(), 1), "rate_whole": round(load.rate(0, load.now()), 2),
-                                   "phases": phases}, indent=2) + "\n")
+                                   "pace_s": PACE_S, "seconds": round(load.now(), 1), "phases": phases},
+                                  indent=2) + "\n")
     assert total >= 300, f"only {total} requests in {load.now():.0f} s"
     assert not failed, f"{len(failed)} of {total} requests failed, first: {failed[:3]}"
+    for name, phase in phases.items():
+        assert phase["requests"] >= 30 and phase["failed"] == 0, (name, phase)
+    # Each switch took one replica out at a time: never fewer than one in the router, never none.
+    for name in ("a_switch_b15_to_b32", "b_b64_nofork_canary_fails", "c_manual_rollback"):
+        assert phases[name]["min_replicas_in_router"] == 1, (name, phases[name])
     # The router itself never restarted through all of it.
     for host in lab.hosts:
         assert _active_since(lab, host, f"sglang-router-{ROUTER_PORT}.service") == router_since[host]

@@ -204,3 +204,27 @@ def test_a_router_that_does_not_answer_is_one_line():
     with pytest.raises(api.RouterError) as info:
         api.workers("http://127.0.0.1:9")
     assert str(info.value).startswith("router http://127.0.0.1:9 does not answer:") and "\n" not in str(info.value)
+
+
+def test_the_router_unit_the_role_renders_is_hardened_and_parsed_back_by_status_and_testinfra():
+    import jinja2
+
+    role = REPO / "roles" / "sglang_router"
+    values = yaml.safe_load((role / "defaults" / "main.yml").read_text())
+    values.update(sglang_router_config="two", sglang_router_bind_address="127.0.9.1", sglang_router_port=31100,
+                  sglang_router_metrics_port=31105, sglang_router__address="127.0.9.1",
+                  sglang_router_workers=["http://127.0.9.1:31101", "http://127.0.9.1:31103"])
+    text = jinja2.Template((role / "templates" / "sglang-router.service.j2").read_text(),
+                           undefined=jinja2.StrictUndefined).render(**values)
+    parsed = api.parse_router_unit(text)
+    assert (parsed["address"], parsed["port"], parsed["metrics_port"]) == ("127.0.9.1", "31100", "31105")
+    assert parsed["workers"] == ["http://127.0.9.1:31101", "http://127.0.9.1:31103"]
+    assert parsed["argv"][:2] == ["/opt/sglang-router/0.3.2/venv/bin/python",
+                                  "/opt/sglang-router/0.3.2/sglang_router_launch.py"]
+    for line in ("User=sglang-router", "NoNewPrivileges=yes", "ProtectSystem=strict", "CapabilityBoundingSet=",
+                 "PrivateDevices=yes", "Restart=always"):
+        assert line in text.splitlines(), line
+    # Named by port, not config: the text is the same for every config on that port (no restart on a switch).
+    values["sglang_router_config"] = "other"
+    assert jinja2.Template((role / "templates" / "sglang-router.service.j2").read_text()).render(**values) == text
+
