@@ -13,6 +13,8 @@ behaviour.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -202,3 +204,9 @@ def test_replicas_roll_canary_first_with_no_failed_request(lab):
     # The router itself never restarted through all of it.
     for host in lab.hosts:
         assert _active_since(lab, host, f"sglang-router-{ROUTER_PORT}.service") == router_since[host]
+    # testinfra (make verify) checks the router units: user, hardening, the pinned wheel, listeners, engines.
+    verify = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
+                             "tests/infra/test_router.py", "--hosts=ansible://gpu_hosts",
+                             f"--ansible-inventory={lab.inventory}"], cwd=REPO, env=lab.ansible_env(), text=True,
+                            capture_output=True, timeout=600, stdin=subprocess.DEVNULL)
+    assert verify.returncode == 0 and "6 passed" in verify.stdout, verify.stdout[-3000:] + verify.stderr[-2000:]
