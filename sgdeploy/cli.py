@@ -103,22 +103,45 @@ def host_settings(config: spec.Config, args: argparse.Namespace) -> render.HostS
     )
 
 
-def service_url(config: spec.Config, host: render.HostSettings) -> str:
+def service_url(config: spec.Config, host: render.HostSettings, port: int | None = None) -> str:
     address = render.bind_address(config, host)
     if ":" in address:
         address = f"[{address}]"
     elif address == "0.0.0.0":
         address = "127.0.0.1"
-    return f"http://{address}:{config.serving.port}"
+    return f"http://{address}:{port or config.serving.port}"
+
+
+def replica_layout(config: spec.Config, host: render.HostSettings) -> dict:
+    """The config's engines and its router as `render --json` gives them (docs/router.md)."""
+    base = service_url(config, host).rsplit(":", 1)[0]
+    out: dict = {"replicas": [{"index": r.index, "name": r.name, "unit_name": r.unit_name, "port": r.port,
+                               "nccl_port": r.nccl_port, "gpus": list(r.gpus), "url": f"{base}:{r.port}"}
+                              for r in config.replicas],
+                 "of_config": config.name, "router": None}
+    if config.serving.router:
+        out["router"] = {"unit_name": config.router_unit_name, "port": config.serving.port,
+                         "metrics_port": config.router_metrics_port, "url": service_url(config, host)}
+    return out
 
 
 def cmd_render(args: argparse.Namespace) -> int:
     config = spec.load(args.config)
     host = host_settings(config, args)
     secrets = json.loads(args.secret_env_json) if args.secret_env_json else None
-    rendered = render.render(config, host, secret_env=secrets)
+    replica = None
+    if args.replica is not None:
+        if not config.serving.router or not 0 <= args.replica < config.serving.replicas:
+            raise UsageError(f"--replica {args.replica}: config {config.name} has replicas 0 to "
+                             f"{config.serving.replicas - 1} behind the router" if config.serving.router else
+                             f"--replica {args.replica}: config {config.name} has no router (serving.replicas 1)")
+        replica = config.replicas[args.replica]
+    rendered = render.render(config, host, secret_env=secrets, replica=replica)
     out_dir = Path(args.out) if args.out else Path("build/render") / config.name
     unit_path, env_path = render.write(rendered, out_dir)
+    # Without --replica, every replica's unit and env file are written beside the first one's.
+    for other in config.replicas[1:] if replica is None else ():
+        render.write(render.render(config, host, secret_env=secrets, replica=other), out_dir)
     if not args.no_verify:
         try:
             render.verify(unit_path, rendered.argv[0])
@@ -126,17 +149,21 @@ def cmd_render(args: argparse.Namespace) -> int:
             print(f"{unit_path}: systemd-analyze verify failed:\n{exc}", file=sys.stderr)
             return 1
     if args.json:
+        r = replica or config.replicas[0]
         print(json.dumps({
-            "config": config.name, "unit_name": rendered.unit_name, "unit": str(unit_path),
+            "config": r.name if replica else config.name, "unit_name": rendered.unit_name, "unit": str(unit_path),
             "env_name": rendered.env_name, "env": str(env_path), "release": host.release_label,
-            "argv": list(rendered.argv), "digest": rendered.digest, "ports": list(config.ports),
-            "gpus": list(config.serving.gpus), "bind_address": render.bind_address(config, host),
-            "features": list(config.patch_features), "url": service_url(config, host),
+            "argv": list(rendered.argv), "digest": rendered.digest,
+            "ports": [r.port, r.nccl_port] if replica else list(config.ports),
+            "gpus": list(r.gpus) if replica else list(config.serving.gpus),
+            "bind_address": render.bind_address(config, host), "features": list(config.patch_features),
+            "url": service_url(config, host, r.port if replica else None),
             "speculative": config.speculative_enabled,
             "gates": config.gates.as_mapping(), "start_timeout_s": config.serving.start_timeout_s,
             "stop_timeout_s": config.serving.stop_timeout_s,
             "drain_timeout_s": config.serving.drain_timeout_s,
             "models": render.model_sources(config, host.models_root),
+            **replica_layout(config, host),
         }, indent=2))
     else:
         print(unit_path)
@@ -255,6 +282,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"folder of the hf and controller models on the host (default {models.MODELS_ROOT})")
     p.add_argument("--no-verify", action="store_true", help="skip systemd-analyze verify")
     p.add_argument("--json", action="store_true", help="print a JSON description instead of paths")
+    p.add_argument("--replica", type=int, default=None, help="only this replica (from 0) of a config with the router; "
+                   "--json then describes it as its own deploy, <config>-r<i>")
     p.set_defaults(func=cmd_render)
 
     def host_args(p: argparse.ArgumentParser) -> None:

@@ -20,7 +20,7 @@ from pathlib import Path
 import jinja2
 
 from sgdeploy import models
-from sgdeploy.spec import Config, Drafter, Model, controller_folder
+from sgdeploy.spec import Config, Drafter, Model, Replica, controller_folder
 
 TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "templates" / "systemd"
 RELEASE_ROOT = "/opt/sglang/releases"
@@ -93,15 +93,17 @@ def bind_address(config: Config, host: HostSettings) -> str:
     return host.bind_address or config.serving.host
 
 
-def launch_args(config: Config, host: HostSettings) -> list[str]:
-    """The SGLang flags the config implies, in a fixed order."""
+def launch_args(config: Config, host: HostSettings, replica: Replica | None = None) -> list[str]:
+    """The SGLang flags the config implies (for one of its replicas; the first by default), in a
+    fixed order."""
     sv, sp = config.serving, config.speculative
+    r = replica or config.replicas[0]
     args = [
         "--model-path", model_source(config.model, "model", host.models_root)["local_dir"],
         "--tp-size", str(sv.tp_size),
         "--host", bind_address(config, host),
-        "--port", str(sv.port),
-        "--nccl-port", str(sv.nccl_port),
+        "--port", str(r.port),
+        "--nccl-port", str(r.nccl_port),
         "--attention-backend", sv.attention_backend,
         "--mem-fraction-static", f"{sv.mem_fraction_static:g}",
         "--enable-metrics",
@@ -126,9 +128,9 @@ def launch_args(config: Config, host: HostSettings) -> list[str]:
     return args
 
 
-def exec_argv(config: Config, host: HostSettings) -> list[str]:
+def exec_argv(config: Config, host: HostSettings, replica: Replica | None = None) -> list[str]:
     python = f"{host.release_root}/{host.release_label}/venv/bin/python"
-    return [python, *shlex.split(host.launcher), *launch_args(config, host)]
+    return [python, *shlex.split(host.launcher), *launch_args(config, host, replica)]
 
 
 def _systemd_quote(arg: str) -> str:
@@ -155,22 +157,26 @@ def _environment() -> jinja2.Environment:
     )
 
 
-def render(config: Config, host: HostSettings, secret_env: dict[str, str] | None = None) -> Rendered:
-    argv = exec_argv(config, host)
+def render(config: Config, host: HostSettings, secret_env: dict[str, str] | None = None,
+           replica: Replica | None = None) -> Rendered:
+    """The unit and env file of one replica of the config (the first by default; with one replica and
+    no router that is the config's own unit, sglang-<config>.service)."""
+    r = replica or config.replicas[0]
+    argv = exec_argv(config, host, r)
     release_dir = f"{host.release_root}/{host.release_label}"
     path_dirs = [f"{host.cuda_home}/bin", f"{release_dir}/venv/bin",
                  "/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin"]
-    env_name = f"{host.env_dir}/{config.name}.env"
+    env_name = f"{host.env_dir}/{r.name}.env"
     env = _environment()
     unit_text = env.get_template("sglang.service.j2").render(
         config=config,
-        unit_name=config.unit_name,
+        unit_name=r.unit_name,
         user=host.service_user,
         state_dir=STATE_DIR,
         release_dir=release_dir,
         release_label=host.release_label,
         env_file=env_name,
-        cuda_visible_devices=",".join(str(g) for g in config.serving.gpus),
+        cuda_visible_devices=",".join(str(g) for g in r.gpus),
         cuda_home=host.cuda_home,
         path=":".join(path_dirs),
         exec_start=" ".join(_systemd_quote(a) for a in argv),
@@ -183,7 +189,7 @@ def render(config: Config, host: HostSettings, secret_env: dict[str, str] | None
         config=config,
         variables=[(k, _env_quote(v)) for k, v in sorted(env_vars.items())],
     )
-    return Rendered(config.unit_name, unit_text, env_name, env_text, tuple(argv))
+    return Rendered(r.unit_name, unit_text, env_name, env_text, tuple(argv))
 
 
 def write(rendered: Rendered, out_dir: Path) -> tuple[Path, Path]:

@@ -100,6 +100,20 @@ class Serving:
     stop_timeout_s: int
     drain_timeout_s: int
     forking_memory_gib: float | None = None
+    replicas: int = 1
+    router: bool = False
+
+
+@dataclass(frozen=True)
+class Replica:
+    """One engine of a config (docs/router.md, "Ports and GPUs"): its own unit, ports and GPUs."""
+
+    index: int
+    name: str  # the deploy's name on the host: its state folder, env file and records (docs/router.md)
+    unit_name: str
+    port: int
+    nccl_port: int
+    gpus: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -159,8 +173,38 @@ class Config:
         return f"sglang-{self.name}.service"
 
     @property
+    def router_unit_name(self) -> str:
+        """Named by its port, not its config: a switch to another config on that port keeps the router."""
+        return f"sglang-router-{self.serving.port}.service"
+
+    @property
+    def replicas(self) -> tuple[Replica, ...]:
+        """The config's engines. Without the router: one, the config's own unit on serving.port and
+        nccl_port. With it (serving.router, on by default when serving.replicas > 1) the router holds
+        serving.port and replica i (from 0) is unit sglang-<config>-r<i> on port serving.port + 1 + 2i,
+        NCCL port serving.port + 2 + 2i, GPUs gpus[i*tp_size:(i+1)*tp_size], deployed on the host as
+        <config>-r<i> (its own state folder, env file, records)."""
+        sv = self.serving
+        if not sv.router:
+            return (Replica(0, self.name, self.unit_name, sv.port, sv.nccl_port, sv.gpus),)
+        tp = sv.tp_size
+        return tuple(Replica(i, f"{self.name}-r{i}", f"sglang-{self.name}-r{i}.service", sv.port + 1 + 2 * i,
+                             sv.port + 2 + 2 * i, sv.gpus[i * tp:(i + 1) * tp]) for i in range(sv.replicas))
+
+    @property
+    def router_metrics_port(self) -> int | None:
+        """The router's Prometheus port (on loopback): serving.port + 1 + 2 x replicas; None without it."""
+        sv = self.serving
+        return sv.port + 1 + 2 * sv.replicas if sv.router else None
+
+    @property
     def ports(self) -> tuple[int, ...]:
-        return (self.serving.port, self.serving.nccl_port)
+        """Every port the config holds on its host: the router's two (serving.port and its metrics) and
+        each engine's two."""
+        if not self.serving.router:
+            return (self.serving.port, self.serving.nccl_port)
+        return (self.serving.port, *(p for r in self.replicas for p in (r.port, r.nccl_port)),
+                self.router_metrics_port)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -209,6 +253,8 @@ SCHEMA: dict[str, Any] = {
         "stop_timeout_s": ("int", 600),
         "drain_timeout_s": ("int", 300),
         "forking_memory_gib": ("float", None),
+        "replicas": ("int", 1),
+        "router": ("bool", None),
     },
     # The gates section is defined once, in sgdeploy.gate_schema (the gate reads the same definition).
     "gates": {key: (f.kind, f.default) for key, f in gate_schema.FIELDS.items()},
@@ -580,6 +626,7 @@ def validate(merged: dict[str, Any], source: Path, name: str) -> Config:
 
     # Serving.
     gpus, tp = serving["gpus"], serving["tp_size"]
+    replicas, router = _check_replicas(chk, serving)
     if isinstance(gpus, list):
         if not gpus:
             chk.bad("serving.gpus", gpus, "must list at least one GPU index")
@@ -587,16 +634,29 @@ def validate(merged: dict[str, Any], source: Path, name: str) -> Config:
             chk.bad("serving.gpus", gpus, "GPU indices are 0 or more")
         if len(set(gpus)) != len(gpus):
             chk.bad("serving.gpus", gpus, "each GPU index may appear only once")
-        if isinstance(tp, int) and len(gpus) != tp:
+        if isinstance(tp, int) and replicas == 1 and len(gpus) != tp:
             chk.bad("serving.gpus", gpus, f"must list exactly serving.tp_size ({tp}) GPUs")
+        elif isinstance(tp, int) and replicas > 1 and len(gpus) != tp * replicas:
+            chk.bad("serving.gpus", gpus, f"must list serving.replicas x serving.tp_size ({replicas} x {tp} = "
+                                          f"{replicas * tp}) GPUs: replica i runs on gpus[i*tp_size:(i+1)*tp_size]")
     if isinstance(tp, int) and tp < 1:
         chk.bad("serving.tp_size", tp, "must be 1 or more")
     port = serving["port"]
-    if isinstance(port, int) and not 1024 <= port <= 65535:
-        chk.bad("serving.port", port, "must be between 1024 and 65535")
+    top = 65535 - (2 * replicas + 1 if router else 0)
+    if isinstance(port, int) and not 1024 <= port <= top:
+        chk.bad("serving.port", port, f"must be between 1024 and {top}" +
+                (f" (with the router, its {replicas} replica(s) and its metrics take the {2 * replicas + 1} ports "
+                 "above it)" if router else ""))
         port = None
     nccl = serving["nccl_port"]
-    if nccl is None and isinstance(port, int):
+    if router and nccl is not None:
+        chk.bad("serving.nccl_port", nccl, "not with the router: replica i takes port serving.port + 1 + 2i and "
+                                          "NCCL port serving.port + 2 + 2i; leave nccl_port out")
+        nccl = None
+    if router and isinstance(port, int):
+        nccl = port + 2
+        serving["nccl_port"] = nccl
+    elif nccl is None and isinstance(port, int):
         nccl = port + 1 if port < 65535 else port - 1
         serving["nccl_port"] = nccl
     elif isinstance(nccl, int) and (not 1024 <= nccl <= 65535 or nccl == port):
@@ -645,9 +705,31 @@ def validate(merged: dict[str, Any], source: Path, name: str) -> Config:
         max_running_requests=mrr, extra_args=tuple(serving["extra_args"]), env=dict(serving["env"]),
         start_timeout_s=serving["start_timeout_s"], stop_timeout_s=serving["stop_timeout_s"],
         drain_timeout_s=serving["drain_timeout_s"], forking_memory_gib=serving["forking_memory_gib"],
+        replicas=replicas, router=router,
     )
     return Config(name=name, source=source, description=v["description"], model=model, drafter=drafter,
                   speculative=speculative, serving=serving_obj, gates=Gates(dict(gates)), merged=merged)
+
+
+MAX_REPLICAS = 64
+
+
+def _check_replicas(chk: _Checker, serving: dict[str, Any]) -> tuple[int, bool]:
+    """serving.replicas and serving.router → (replicas, router); a bad value counts as one replica."""
+    replicas = serving["replicas"]
+    if not isinstance(replicas, int):
+        replicas = 1
+    elif not 1 <= replicas <= MAX_REPLICAS:
+        chk.bad("serving.replicas", replicas, f"must be between 1 and {MAX_REPLICAS} (engines of tp_size GPUs each)")
+        replicas = 1
+    router = serving["router"]
+    if router is None:
+        router = replicas > 1
+    elif router is False and replicas > 1:
+        chk.bad("serving.router", router, f"with serving.replicas {replicas} the router must hold serving.port in "
+                                          "front of the replicas; leave it out or set it true")
+        router = True
+    return replicas, router
 
 
 def controller_folder(controller_path: str) -> Path:
@@ -743,6 +825,9 @@ def to_yaml(config: Config) -> str:
         "stop_timeout_s": sv.stop_timeout_s, "drain_timeout_s": sv.drain_timeout_s,
         "forking_memory_gib": sv.forking_memory_gib,
     }
+    if sv.router:
+        out["serving"].pop("nccl_port")
+        out["serving"].update(replicas=sv.replicas, router=True)
     out["gates"] = config.gates.as_mapping()
     header = f"# {config.name}: fully merged from {config.source}\n"
     return header + yaml.safe_dump(out, sort_keys=False, default_flow_style=False)

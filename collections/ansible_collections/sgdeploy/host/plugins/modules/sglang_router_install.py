@@ -1,0 +1,112 @@
+#!/usr/bin/python
+# Copyright: sgdeploy contributors. Apache-2.0
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: sglang_router_install
+short_description: Install the pinned sglang-router wheel, hash checked, into <root>/<version>/venv
+description:
+  - Checks the wheel's sha256 against O(sha256) before anything else (a mismatch changes nothing),
+    creates C(<root>/<version>/venv) with C(python -m venv), installs the wheel with
+    C(pip --no-index --no-deps) (the Rust router needs none of the wheel's Python dependencies,
+    which only its debugging MiniLB imports), checks that the venv reports O(version) and imports
+    the Rust router, and writes C(<root>/<version>/router.json) last.
+  - Idempotent: with the same version and sha256 recorded and the venv answering, nothing is done.
+  - Supports check mode (reports whether an install would happen).
+options:
+  root: {description: Where router versions are installed., type: path, default: /opt/sglang-router}
+  wheel: {description: The wheel file on the host., type: path, required: true}
+  version: {description: The pinned sglang-router version., type: str, required: true}
+  sha256: {description: The wheel's pinned sha256 (64 hex digits)., type: str, required: true}
+  python: {description: Interpreter the venv is made from., type: path, default: /usr/bin/python3}
+"""
+
+RETURN = r"""
+venv: {description: The virtualenv's folder., returned: always, type: str}
+record: {description: The content of router.json., returned: always, type: dict}
+"""
+
+import json  # noqa: E402
+import os  # noqa: E402
+import re  # noqa: E402
+import shutil  # noqa: E402
+import subprocess  # noqa: E402
+
+from ansible.module_utils.basic import AnsibleModule  # noqa: E402
+
+PROBE = ("import importlib.metadata as m; import sglang_router.router as r; "
+         "assert r.Router; print(m.version('sglang-router'))")
+
+
+def _run(cmd):
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    lines = [ln for ln in (proc.stderr + proc.stdout).splitlines() if ln.strip()]
+    return proc.returncode, proc.stdout.strip(), " | ".join(lines[-4:])
+
+
+def _write_json(path, data):
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(data, fh, indent=2, sort_keys=True)
+        fh.write("\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec={
+            "root": {"type": "path", "default": "/opt/sglang-router"},
+            "wheel": {"type": "path", "required": True},
+            "version": {"type": "str", "required": True},
+            "sha256": {"type": "str", "required": True},
+            "python": {"type": "path", "default": "/usr/bin/python3"},
+        },
+        supports_check_mode=True,
+    )
+    p = module.params
+    if not re.fullmatch(r"[0-9a-f]{64}", p["sha256"]):
+        module.fail_json(msg=f"sglang_router_install: sha256 {p['sha256']!r} is not 64 lower-case hex digits")
+    if not re.fullmatch(r"[0-9A-Za-z.+_-]+", p["version"]):
+        module.fail_json(msg=f"sglang_router_install: version {p['version']!r} is not a version")
+    if not os.path.isfile(p["wheel"]):
+        module.fail_json(msg=f"sglang_router_install: wheel {p['wheel']} not found on the host")
+    got = module.sha256(p["wheel"])
+    if got != p["sha256"]:
+        module.fail_json(msg=f"sglang_router_install: wheel {os.path.basename(p['wheel'])} has sha256 {got}, "
+                             f"the pin is {p['sha256']}; nothing installed")
+    base = os.path.join(p["root"], p["version"])
+    venv = os.path.join(base, "venv")
+    vpy = os.path.join(venv, "bin", "python")
+    record_path = os.path.join(base, "router.json")
+    record = {"version": p["version"], "wheel": os.path.basename(p["wheel"]), "wheel_sha256": got}
+    try:
+        with open(record_path, encoding="utf-8") as fh:
+            current = json.load(fh)
+    except (OSError, ValueError):
+        current = None
+    if current == record and os.access(vpy, os.X_OK) and _run([vpy, "-c", PROBE])[1] == p["version"]:
+        module.exit_json(changed=False, venv=venv, record=record)
+    if module.check_mode:
+        module.exit_json(changed=True, venv=venv, record=record)
+
+    os.umask(0o022)  # the router's user must be able to read the venv
+    if os.path.isdir(venv):
+        shutil.rmtree(venv)
+    os.makedirs(base, mode=0o755, exist_ok=True)
+    for cmd, what in (([p["python"], "-m", "venv", venv], "python -m venv"),
+                      ([vpy, "-m", "pip", "install", "--no-index", "--no-deps", "--no-cache-dir",
+                        "--disable-pip-version-check", p["wheel"]], "pip install of the wheel")):
+        rc, _, tail = _run(cmd)
+        if rc != 0:
+            module.fail_json(msg=f"sglang_router_install: {what} failed (exit {rc}): {tail}")
+    rc, out, tail = _run([vpy, "-c", PROBE])
+    if rc != 0 or out != p["version"]:
+        module.fail_json(msg=f"sglang_router_install: the venv does not run the router {p['version']}: {out or tail}")
+    _write_json(record_path, record)
+    module.exit_json(changed=True, venv=venv, record=record)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,212 @@
+"""Two hosts x two replicas behind the real sglang-router, rolled canary first (issue 24).
+
+`playbooks/deploy.yml` of a config with `serving.replicas: 2` (tests/lab/configs/lab-replicas-*.yml)
+runs the role sglang_replicas: each host rolls its replicas one at a time (out of the router,
+the deploy role's drain / switch / health / warm-up / gates, back in), then makes sure of the
+pinned sglang-router (role sglang_router) on port 31200. A bounded client load (concurrency 8)
+runs through both hosts' routers during (a) a switch ddtree-b15 -> ddtree-b32, (b) a deploy of
+ddtree-b64-nofork whose canary fails its gate and is rolled back (the rollout stops), (c) a manual
+rollback of each replica, and must see no failed request. Simulated engine: proves plumbing, not
+behaviour.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.lab
+
+REPO = Path(__file__).resolve().parents[2]
+LAB_CONFIGS = REPO / "tests" / "lab" / "configs"
+RESULTS = REPO / "build" / "lab-router-results.json"
+ROUTER_PORT = 31200
+REPLICA_PORTS = (31201, 31203)
+CONCURRENCY = 8
+PACE_S = 1.0          # each client sends at most one request a second: the load spans every phase
+MAX_REQUESTS = 20000  # bounds of the client load, whichever comes first
+MAX_SECONDS = 1200
+
+
+class Load:
+    """Paced requests at a fixed concurrency through every host's router until stopped (or a bound),
+    and once a second, how many replicas each router lists healthy (its capacity)."""
+
+    def __init__(self, routers: list[str]):
+        self.routers = routers
+        self.stop = threading.Event()
+        self.lock = threading.Lock()
+        self.done: list[tuple[float, float, str, bool, str]] = []   # (end, latency, router, ok, detail)
+        self.capacity: list[tuple[float, str, int]] = []           # (time, router, healthy replicas listed)
+        self.count = 0
+        self.t0 = time.monotonic()
+
+    def _client(self, worker: int) -> None:
+        body = json.dumps({"text": f"Write one sentence about the sea ({worker}).",
+                           "sampling_params": {"temperature": 0, "max_new_tokens": 24}}).encode()
+        i = 0
+        while not self.stop.is_set():
+            with self.lock:
+                if self.count >= MAX_REQUESTS or self.now() > MAX_SECONDS:
+                    return
+                self.count += 1
+            url = self.routers[(worker + i) % len(self.routers)]
+            i += 1
+            req = urllib.request.Request(url + "/generate", data=body, method="POST",
+                                         headers={"Content-Type": "application/json"})
+            sent = time.monotonic()
+            try:
+                with urllib.request.urlopen(req, timeout=60) as resp:
+                    ok = resp.status == 200 and bool(json.loads(resp.read()).get("text"))
+                    detail = str(resp.status)
+            except (urllib.error.URLError, OSError, ValueError) as exc:
+                ok, detail = False, f"{type(exc).__name__}: {exc}"
+            took = time.monotonic() - sent
+            with self.lock:
+                self.done.append((self.now(), took, url, ok, detail))
+            self.stop.wait(max(0.0, PACE_S - took))
+
+    def _sampler(self) -> None:
+        while not self.stop.wait(1.0) and self.now() <= MAX_SECONDS:
+            for url in self.routers:
+                try:
+                    with urllib.request.urlopen(url + "/workers", timeout=5) as resp:
+                        healthy = sum(1 for w in json.loads(resp.read())["workers"] if w["is_healthy"])
+                except (urllib.error.URLError, OSError, ValueError):
+                    healthy = -1
+                with self.lock:
+                    self.capacity.append((self.now(), url, healthy))
+
+    def __enter__(self) -> Load:
+        self.pool = ThreadPoolExecutor(CONCURRENCY + 1)
+        self.futures = [self.pool.submit(self._client, w) for w in range(CONCURRENCY)]
+        self.futures.append(self.pool.submit(self._sampler))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        for f in self.futures:
+            f.result()
+        self.pool.shutdown()
+
+    def now(self) -> float:
+        return time.monotonic() - self.t0
+
+    def window(self, t_from: float, t_to: float) -> dict:
+        """What the clients saw in [t_from, t_to): requests, failures, latency, and the routers' capacity."""
+        with self.lock:
+            done = [d for d in self.done if t_from <= d[0] < t_to]
+            cap = [c for c in self.capacity if t_from <= c[0] < t_to]
+        lat = sorted(d[1] for d in done if d[3])
+
+        def pct(q: float) -> float | None:
+            return round(lat[min(len(lat) - 1, int(q * len(lat)))], 3) if lat else None
+
+        reduced = {url: sum(1 for c in cap if c[1] == url and c[2] < len(REPLICA_PORTS)) for url in self.routers}
+        return {"seconds": round(t_to - t_from, 1), "requests": len(done), "failed": sum(1 for d in done if not d[3]),
+                "latency_p50_s": pct(0.5), "latency_p95_s": pct(0.95),
+                "min_replicas_in_router": min((c[2] for c in cap), default=None),
+                "seconds_below_full_capacity": {url.split("//")[1]: n for url, n in reduced.items()}}
+
+
+def _workers(lab, state: str, port: int) -> None:
+    url = f"http://{{{{ sglang_bind_address }}}}:{port}"
+    lab.ansible("gpu_hosts", "sgdeploy.host.sglang_router_workers",
+                json.dumps({"router_url": f"http://{{{{ sglang_bind_address }}}}:{ROUTER_PORT}",
+                            state: [url], "timeout_s": 60}))
+
+
+def _listed(lab, host: str) -> dict[str, bool]:
+    with urllib.request.urlopen(f"http://{lab.address(host)}:{ROUTER_PORT}/workers", timeout=10) as resp:
+        return {w["url"]: w["is_healthy"] for w in json.loads(resp.read())["workers"]}
+
+
+def _timed(lab, load: Load, playbook: str, *args: str) -> tuple[dict, object]:
+    start = load.now()
+    proc = lab.ansible_playbook(playbook, *args, check=False, timeout=900)
+    return {"playbook": playbook, "rc": proc.returncode, **load.window(start, load.now())}, proc
+
+
+def _active_since(lab, host: str, unit: str) -> str:
+    return lab.ssh(host, f"systemctl show -p ActiveEnterTimestampMonotonic --value {unit}").stdout.strip()
+
+
+def _budget(lab, host: str, port: int) -> int:
+    out = lab.ssh(host, f"curl -sf http://{lab.address(host)}:{port}/get_server_info").stdout
+    return json.loads(out)["speculative_ddtree_budget"]
+
+
+def test_replicas_roll_canary_first_with_no_failed_request(lab):
+    cfg = {name: f"config={LAB_CONFIGS / f'lab-replicas-{name}.yml'}" for name in ("b15", "b32", "b64-nofork")}
+    # Hosts two at a time (deploy_serial): each host still rolls its own replicas one at a time.
+    first = lab.ansible_playbook("playbooks/deploy.yml", "-e", cfg["b15"], "-e", "deploy_serial=2", timeout=900)
+    assert "ROLLED OUT on lab1: lab-replicas-b15, 2 replica(s)" in first.stdout
+    for host in lab.hosts:
+        listed = _listed(lab, host)
+        assert listed == {f"http://{lab.address(host)}:{p}": True for p in REPLICA_PORTS}, listed
+
+    routers = [f"http://{lab.address(h)}:{ROUTER_PORT}" for h in lab.hosts]
+    phases: dict[str, dict] = {}
+    router_since = {h: _active_since(lab, h, f"sglang-router-{ROUTER_PORT}.service") for h in lab.hosts}
+    with Load(routers) as load:
+        time.sleep(15)  # a window with both replicas in, the baseline of the dip
+        phases["baseline"] = load.window(0, load.now())
+        phases["a_switch_b15_to_b32"], proc = _timed(lab, load, "playbooks/deploy.yml", "-e", cfg["b32"],
+                                                     "-e", "deploy_serial=2")
+        assert proc.returncode == 0, proc.stdout[-3000:]
+        for host in lab.hosts:
+            assert f"ROLLED OUT on {host}: lab-replicas-b32, 2 replica(s)" in proc.stdout, proc.stdout[-3000:]
+            assert [_budget(lab, host, p) for p in REPLICA_PORTS] == [32, 32]
+
+        r1_since = _active_since(lab, "lab1", "sglang-lab-replicas-b32-r1.service")
+        lab2_since = _active_since(lab, "lab2", "sglang-lab-replicas-b32-r0.service")
+        phases["b_b64_nofork_canary_fails"], proc = _timed(lab, load, "playbooks/deploy.yml", "-e", cfg["b64-nofork"])
+        assert proc.returncode != 0
+        assert "ROLLOUT STOPPED on lab1 at lab-replicas-b64-nofork-r0 (the canary)" in proc.stdout, proc.stdout[-3000:]
+        assert "put back into the router" in proc.stdout
+        # The canary is back on b32; replica 1 never stopped; lab2 was never touched (the rollout stopped).
+        assert [_budget(lab, "lab1", p) for p in REPLICA_PORTS] == [32, 32]
+        assert _active_since(lab, "lab1", "sglang-lab-replicas-b32-r1.service") == r1_since
+        assert _active_since(lab, "lab2", "sglang-lab-replicas-b32-r0.service") == lab2_since
+
+        # (c) A manual rollback of each replica to b15, each taken out of the router first.
+        start = load.now()
+        for index, port in enumerate(REPLICA_PORTS):
+            _workers(lab, "absent", port)
+            lab.ansible_playbook("playbooks/rollback.yml", "-e", f"config=lab-replicas-b32-r{index}", timeout=900)
+            _workers(lab, "present", port)
+        phases["c_manual_rollback"] = load.window(start, load.now())
+        for host in lab.hosts:
+            assert [_budget(lab, host, p) for p in REPLICA_PORTS] == [15, 15]
+        time.sleep(5)
+    failed = [d for d in load.done if not d[3]]
+    total = len(load.done)
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps({"requests": total, "failed": len(failed), "concurrency": CONCURRENCY,
+                                   "pace_s": PACE_S, "seconds": round(load.now(), 1), "phases": phases},
+                                  indent=2) + "\n")
+    assert total >= 300, f"only {total} requests in {load.now():.0f} s"
+    assert not failed, f"{len(failed)} of {total} requests failed, first: {failed[:3]}"
+    for name, phase in phases.items():
+        assert phase["requests"] >= 30 and phase["failed"] == 0, (name, phase)
+    # Each switch took one replica out at a time: never fewer than one in the router, never none.
+    for name in ("a_switch_b15_to_b32", "b_b64_nofork_canary_fails", "c_manual_rollback"):
+        assert phases[name]["min_replicas_in_router"] == 1, (name, phases[name])
+    # The router itself never restarted through all of it.
+    for host in lab.hosts:
+        assert _active_since(lab, host, f"sglang-router-{ROUTER_PORT}.service") == router_since[host]
+    # testinfra (make verify) checks the router units: user, hardening, the pinned wheel, listeners, engines.
+    verify = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
+                             "tests/infra/test_router.py", "--hosts=ansible://gpu_hosts",
+                             f"--ansible-inventory={lab.inventory}"], cwd=REPO, env=lab.ansible_env(), text=True,
+                            capture_output=True, timeout=600, stdin=subprocess.DEVNULL)
+    assert verify.returncode == 0 and "6 passed" in verify.stdout, verify.stdout[-3000:] + verify.stderr[-2000:]
