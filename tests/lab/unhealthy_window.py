@@ -9,8 +9,9 @@ connection was not accepted: nothing listened, the expected gap of a single-repl
     python tests/lab/unhealthy_window.py --url http://127.0.51.1:30000 [--rate 10]
         [--max-requests 3000] [--max-seconds 600] [--json OUT] -- COMMAND...
 
-Bounded: at most --max-requests requests and --max-seconds seconds (the command is stopped at the
-limit); URL must be inside 127.0.0.0/8. Exit status: the command's (2 for bad input).
+Bounded: at most --max-requests requests (then only the command is waited for) and --max-seconds
+seconds (the command is stopped at that limit); URL must be inside 127.0.0.0/8.
+Exit status: the command's (2 for bad input).
 """
 
 from __future__ import annotations
@@ -105,7 +106,7 @@ def measure(url: str, command: list[str], rate: float, max_requests: int, max_se
     with ThreadPoolExecutor(max_workers=16) as pool:
         next_at = time.monotonic()
         tail_until = None
-        while sent < max_requests:
+        while True:
             now = time.monotonic()
             if now - t0 > max_seconds:
                 stopped_at_limit = proc.poll() is None
@@ -114,7 +115,7 @@ def measure(url: str, command: list[str], rate: float, max_requests: int, max_se
                 tail_until = tail_until or now + 2.0  # a short tail: the service answers again after it
                 if now >= tail_until:
                     break
-            if now >= next_at:
+            if sent < max_requests and now >= next_at:  # past the count, only the command is waited for
                 pool.submit(one, now)
                 sent += 1
                 next_at += 1.0 / rate

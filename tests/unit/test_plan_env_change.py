@@ -7,11 +7,13 @@ only the verdict comes back, never the digest or the value.
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
-from test_host_modules import deploy_of, host, put_running  # noqa: F401  (host is a fixture)
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "collections"))
 
-from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_deploy_plan as planmod
+from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_deploy_plan as planmod  # noqa: E402
+from test_host_modules import deploy_of, host, put_running  # noqa: E402, F401  (host is a fixture)
 
 
 def running_cfg(paths, fake, tmp_path, staged_text):
