@@ -425,7 +425,8 @@ def under_load(lab, tmp_path, name: str, *deploy_args: str) -> dict:
 
 
 def test_a_switch_and_a_rollback_under_steady_load_drop_no_accepted_request(lab, tmp_path):
-    """Drain under steady load: the deploy finishes; requests fail only while nothing listens."""
+    """Drain under steady load: the deploy finishes; requests fail only while nothing listens or the
+    server turns them away (503 while draining or loading); none that was taken is dropped."""
     switch = under_load(lab, tmp_path, "switch", "-e", "config=ddtree-b32")
     assert switch["rc"] == 0, switch["output_tail"]
     assert switch["broken"] == 0 and switch["ok"] > 0, switch["windows"]

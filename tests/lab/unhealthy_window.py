@@ -3,8 +3,10 @@
 Sends one small /generate request every 1/RATE s to URL while COMMAND (a deploy or a rollback)
 runs, and reports how long the service did not answer: the longest stretch from the first failed
 request to the next one that succeeded, by send time. Failures are split into `refused` (the
-connection was not accepted: nothing listened, the expected gap of a single-replica switch) and
-`broken` (accepted, then reset, timed out or answered with an error: a drain that dropped work).
+connection was not accepted: nothing listened, the expected gap of a single-replica switch),
+`rejected` (503 at once: a server that is loading or draining turns new requests away, as SGLang
+does after SIGTERM) and `broken` (accepted, then reset, timed out, torn or answered with another
+error: work that a drain dropped).
 
     python tests/lab/unhealthy_window.py --url http://127.0.51.1:30000 [--rate 10]
         [--max-requests 3000] [--max-seconds 600] [--json OUT] -- COMMAND...
@@ -55,13 +57,13 @@ def positive(kind):
 
 
 def probe(url: str, timeout: float) -> str:
-    """One request: 'ok', 'refused' (not accepted) or 'broken' (accepted, then failed)."""
+    """One request: 'ok', 'refused' (not accepted), 'rejected' (503) or 'broken' (accepted, then failed)."""
     req = urllib.request.Request(url + "/generate", data=BODY, headers={"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             return "ok" if resp.status == 200 and json.loads(resp.read()).get("text") is not None else "broken"
-    except urllib.error.HTTPError:
-        return "broken"
+    except urllib.error.HTTPError as exc:
+        return "rejected" if exc.code == 503 else "broken"
     except urllib.error.URLError as exc:
         return "refused" if isinstance(exc.reason, ConnectionRefusedError) else "broken"
     except ConnectionRefusedError:
@@ -124,7 +126,7 @@ def measure(url: str, command: list[str], rate: float, max_requests: int, max_se
         proc.terminate()
     rc = proc.wait(timeout=120)
     reader.join(timeout=10)
-    counts = {k: sum(1 for _, r in samples if r == k) for k in ("ok", "refused", "broken")}
+    counts = {k: sum(1 for _, r in samples if r == k) for k in ("ok", "refused", "rejected", "broken")}
     found = windows(samples)
     return {"url": url, "command": command, "rc": rc, "rate_per_s": rate, "requests": len(samples), **counts,
             "seconds": round(time.monotonic() - t0, 1), "stopped_at_limit": stopped_at_limit,
@@ -151,7 +153,8 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(result, f, indent=1)
     print(f"unhealthy window: longest {result['longest_window_s']} s; requests {result['requests']} "
-          f"(ok {result['ok']}, refused {result['refused']}, broken {result['broken']}) at {args.rate}/s "
+          f"(ok {result['ok']}, refused {result['refused']}, rejected {result['rejected']}, "
+          f"broken {result['broken']}) at {args.rate}/s "
           f"over {result['seconds']} s; command exit {result['rc']}")
     return result["rc"]
 

@@ -54,9 +54,11 @@ def server():
     srv.server_close()
 
 
-def test_probe_tells_ok_an_error_answer_and_nothing_listening_apart(server, monkeypatch):
+def test_probe_tells_ok_turned_away_an_error_and_nothing_listening_apart(server, monkeypatch):
     assert uw.probe(server, 5) == "ok"
-    monkeypatch.setattr(_Answer, "status", 503)
+    monkeypatch.setattr(_Answer, "status", 503)  # loading or draining: turned away, nothing dropped
+    assert uw.probe(server, 5) == "rejected"
+    monkeypatch.setattr(_Answer, "status", 500)
     assert uw.probe(server, 5) == "broken"
     srv = ThreadingHTTPServer(("127.0.0.1", 0), _Answer)
     port = srv.server_address[1]
