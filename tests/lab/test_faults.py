@@ -93,7 +93,7 @@ def recovering_deploy(lab) -> str:
     return out
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL], ids=["SIGINT", "SIGTERM", "SIGKILL"])
 def test_a_signal_during_the_health_wait_is_rolled_back_by_the_next_deploy(lab, sig):
     first = start_deploy(lab, str(LAB_CONFIGS / "lab-slow-start.yml"))
     try:
@@ -110,28 +110,102 @@ def test_a_signal_during_the_health_wait_is_rolled_back_by_the_next_deploy(lab, 
     assert "interrupted switch" in record["message"]
 
 
+def reboot_and_wait(lab, host: str = "lab1") -> None:
+    boot = lab.ssh(host, "cat /proc/sys/kernel/random/boot_id").stdout
+    lab.ssh(host, "systemctl reboot", check=False)
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:
+        p = lab.ssh(host, "cat /proc/sys/kernel/random/boot_id", check=False, timeout=20)
+        if p.returncode == 0 and p.stdout != boot:
+            return
+        time.sleep(2)
+    pytest.fail(f"{host} did not come back from the reboot")
+
+
 def test_sigkill_of_the_controller_during_the_gates_then_a_reboot(lab):
     first = start_deploy(lab, str(LAB_CONFIGS / "lab-slow-start.yml"))
     try:
         wait_on_host(lab, f"grep -q '\"step\": \"gating\"' {STATE}/txn/journal.json", seconds=240)
     finally:
         interrupt(first, signal.SIGKILL)
-    boot = lab.ssh("lab1", "cat /proc/sys/kernel/random/boot_id").stdout
-    lab.ssh("lab1", "systemctl reboot", check=False)
-    deadline = time.monotonic() + 240
-    while time.monotonic() < deadline:
-        p = lab.ssh("lab1", "cat /proc/sys/kernel/random/boot_id", check=False, timeout=20)
-        if p.returncode == 0 and p.stdout != boot:
-            break
-        time.sleep(2)
-    else:
-        pytest.fail("lab1 did not come back from the reboot")
+    reboot_and_wait(lab)
     # The new unit was never enabled: after the reboot the old service serves, not the gated one.
     wait_on_host(lab, f"systemctl is-active --quiet {B15}")
     assert active_unit(lab, "lab1", SLOW) != "active"
     out = recovering_deploy(lab)
     assert "took over the deploy lock" not in out  # the reboot cleared /run: no lock to take over
     assert newest_record(lab, "lab-slow-start")["rollback"]["interrupted_step"] == "gating"
+
+
+def test_a_reboot_of_the_host_during_the_gates_leaves_the_old_service_and_the_next_deploy_recovers(lab):
+    first = start_deploy(lab, str(LAB_CONFIGS / "lab-slow-start.yml"))
+    try:
+        wait_on_host(lab, f"grep -q '\"step\": \"gating\"' {STATE}/txn/journal.json", seconds=240)
+        reboot_and_wait(lab)  # the run goes on against a host that went away under it
+        out, _ = first.communicate(timeout=600)
+    finally:
+        if first.poll() is None:
+            interrupt(first, signal.SIGKILL)
+    assert first.returncode != 0
+    assert "[lab1]" in out and ("UNREACHABLE" in out or "DEPLOY FAILED on lab1" in out), out[-3000:]
+    wait_on_host(lab, f"systemctl is-active --quiet {B15}")
+    assert active_unit(lab, "lab1", SLOW) != "active"
+    proc = deploy(lab, "ddtree-b15")
+    out = output_of(proc)
+    assert proc.returncode == 0, out[-4000:]
+    assert_baseline_serves(lab)
+    assert lab.ssh("lab1", f"test -e /etc/systemd/system/{SLOW}", check=False).returncode != 0
+    assert_no_lock(lab)
+    # Rolled back by the interrupted run's own rescue (when the host was back in time) or by this one.
+    record = newest_record(lab, "lab-slow-start")
+    assert record["outcome"] == "rolled_back", record
+    if "RECOVERED on lab1" in out:
+        assert record["rollback"]["interrupted_step"] == "gating"
+
+
+def in_host(lab, command: str, host: str = "lab1") -> subprocess.CompletedProcess:
+    """Run a command in a lab host without ssh (in its PID 1's namespaces): for when sshd is down."""
+    nspawn = (lab.host(host).dir / "nspawn.pid").read_text().strip()
+    pid1 = subprocess.run(["ps", "--ppid", nspawn, "-o", "pid="], capture_output=True, text=True,
+                          check=True).stdout.split()[0]
+    return subprocess.run(["nsenter", "-t", pid1, "-a", "sh", "-c", command], capture_output=True, text=True,
+                          timeout=60, check=False)
+
+
+def test_an_unreachable_host_mid_deploy_is_named_and_the_next_deploy_recovers(lab):
+    first = start_deploy(lab, str(LAB_CONFIGS / "lab-slow-start.yml"))
+    try:
+        wait_on_host(lab, f"grep -q '\"step\": \"started\"' {STATE}/txn/journal.json")
+        # sshd goes, and every ssh session with it (the controller's multiplexed connection too).
+        # The sessions stay in ssh.service's cgroup after the stop (KillMode=process): end those.
+        in_host(lab, "systemctl stop ssh.service; for p in $(cat /sys/fs/cgroup/systemd/system.slice/ssh.service/"
+                     "cgroup.procs); do [ \"$p\" -gt 1 ] && kill -KILL \"$p\"; done; true")
+        out, _ = first.communicate(timeout=400)
+    finally:
+        if first.poll() is None:
+            interrupt(first, signal.SIGKILL)
+    try:
+        assert first.returncode != 0
+        assert "fatal: [lab1]: UNREACHABLE!" in out, out[-3000:]
+        down = lab.ansible_playbook("playbooks/status.yml", check=False)  # all hosts: the summary runs on localhost
+        assert down.returncode != 0
+        assert "lab1: UNREACHABLE: what runs there is unknown" in output_of(down), output_of(down)[-3000:]
+    finally:
+        in_host(lab, "systemctl start ssh.service")
+        for _ in range(60):
+            if lab.ssh("lab1", "true", check=False, timeout=20).returncode == 0:
+                break
+            time.sleep(1)
+    # Back: status says what runs (the uncommitted new unit, the stopped old one), the journal and the lock.
+    status = output_of(lab.ansible_playbook("playbooks/status.yml", "--limit", "lab1", check=False))
+    assert "INTERRUPTED: found an interrupted switch to lab-slow-start" in status, status[-3000:]
+    assert "not running: ddtree-b15" in status, status[-3000:]
+    assert "uncommitted (an interrupted switch, not enabled): lab-slow-start running" in status, status[-3000:]
+    assert "deploy lock held by run" in status, status[-3000:]
+    out = recovering_deploy(lab)
+    assert "took over the deploy lock" in out  # its run's ansible-playbook is gone: no waiting for the lease
+    record = newest_record(lab, "lab-slow-start")
+    assert record["outcome"] == "rolled_back" and record["rollback"]["interrupted_step"] == "started"
 
 
 def test_an_inventory_host_without_gpu_count_is_refused_before_the_lock(lab, tmp_path):
@@ -298,3 +372,69 @@ def test_non_default_state_dir_service_user_env_dir_and_release_root_work_end_to
         lab.ssh("lab2", "systemctl disable --now sglang-ddtree-b15.service; "
                         "rm -rf /etc/systemd/system/sglang-ddtree-b15.service /srv/sgd-state /etc/sgsvc; "
                         "systemctl daemon-reload", check=False)
+
+
+def with_secret(lab, tmp_path, value: str) -> Path:
+    inv = yaml.safe_load(lab.inventory.read_text())
+    inv["all"]["children"]["gpu_hosts"]["hosts"]["lab1"]["sglang_secret_env"] = {"SGLANG_LAB_TOKEN": value}
+    inventory = tmp_path / f"inventory-{len(list(tmp_path.iterdir()))}.yml"  # the operator's (Vault in production)
+    inventory.write_text(yaml.safe_dump(inv))
+    return inventory
+
+
+def deploy_from(lab, inventory: Path, config: str) -> subprocess.CompletedProcess:
+    cmd = [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(inventory), "playbooks/deploy.yml",
+           "-e", f"config={config}", "--limit", "lab1"]
+    return subprocess.run(cmd, cwd=REPO, env=lab.ansible_env(), text=True, capture_output=True, timeout=900,
+                          check=False)
+
+
+def test_a_secrets_only_change_is_deployed_not_judged_unchanged(lab, tmp_path):
+    config, unit = str(LAB_CONFIGS / "lab-port-31000.yml"), "sglang-lab-port-31000.service"
+    old, new = f"old-{os.urandom(8).hex()}", f"new-{os.urandom(8).hex()}"
+    for value, outcome in ((old, None), (old, "unchanged"), (new, "deployed")):
+        proc = deploy_from(lab, with_secret(lab, tmp_path, value), config)
+        out = output_of(proc)
+        assert proc.returncode == 0, out[-3000:]
+        assert old not in out and new not in out
+        if outcome:
+            assert newest_record(lab, "lab-port-31000")["outcome"] == outcome
+    # The new value is what the service runs with, and the plan said only "changed".
+    assert lab.ssh("lab1", f"grep -c {new} /etc/sglang/lab-port-31000.env").stdout.strip() == "1"
+    assert new in lab.ssh("lab1", f"tr '\\0' '\\n' < /proc/{main_pid(lab, unit)}/environ").stdout
+    proc = deploy(lab, "ddtree-b15")
+    assert proc.returncode == 0, output_of(proc)[-3000:]
+    assert_baseline_serves(lab)
+
+
+def under_load(lab, tmp_path, name: str, *deploy_args: str) -> dict:
+    """A deploy while tests/lab/unhealthy_window.py sends 10 requests/s to lab1's port 30000."""
+    out = tmp_path / f"{name}.json"
+    cmd = [sys.executable, str(REPO / "tests/lab/unhealthy_window.py"), "--url", f"http://{lab.address('lab1')}:30000",
+           "--rate", "10", "--max-requests", "3000", "--max-seconds", "500", "--json", str(out), "--",
+           str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(lab.inventory), "playbooks/deploy.yml",
+           "--limit", "lab1", *deploy_args]
+    subprocess.run(cmd, cwd=REPO, env=lab.ansible_env(), text=True, capture_output=True, timeout=600, check=False)
+    result = json.loads(out.read_text())
+    timings = REPO / "build" / "lab-unhealthy-window.json"
+    saved = json.loads(timings.read_text()) if timings.exists() else {}
+    saved[name] = {k: v for k, v in result.items() if k != "output_tail"}
+    timings.parent.mkdir(exist_ok=True)
+    timings.write_text(json.dumps(saved, indent=1))
+    return result
+
+
+def test_a_switch_and_a_rollback_under_steady_load_drop_no_accepted_request(lab, tmp_path):
+    """Drain under steady load: the deploy finishes; requests fail only while nothing listens or the
+    server turns them away (503 while draining or loading); none that was taken is dropped."""
+    switch = under_load(lab, tmp_path, "switch", "-e", "config=ddtree-b32")
+    assert switch["rc"] == 0, switch["output_tail"]
+    assert switch["broken"] == 0 and switch["ok"] > 0, switch["windows"]
+    assert server_info(lab, "lab1")["speculative_ddtree_budget"] == 32
+    proc = deploy(lab, "ddtree-b15")
+    assert proc.returncode == 0, output_of(proc)[-3000:]
+    rollback = under_load(lab, tmp_path, "rollback", "-e", "config=ddtree-b64-nofork")  # fails its acceptance gate
+    assert rollback["rc"] != 0 and "Rolled back to sglang-ddtree-b15.service" in rollback["output_tail"]
+    assert rollback["broken"] == 0 and rollback["ok"] > 0, rollback["windows"]
+    assert all(w["closed"] for w in rollback["windows"]), rollback["windows"]  # it answers again at the end
+    assert_baseline_serves(lab)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import glob
+import hashlib
 import os
 
 from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_deploy_units as units
@@ -26,10 +27,29 @@ def deployed(state_dir):
     return out
 
 
-def plan(deploy, gpu_count, state_dir, sockets=None):
+def _digest(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 16), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def env_same(env_src, env_dir, config):
+    """Whether the env file rendered on the host for this run (`env_src`, with its secrets) has the
+    digest of the installed one. Only the verdict leaves this function, never a digest or a value.
+    None when nothing was rendered (check mode renders nothing on the host)."""
+    if not env_src or not os.path.exists(env_src):
+        return None
+    installed = units.env_file(env_dir, config)
+    return os.path.exists(installed) and _digest(env_src) == _digest(installed)
+
+
+def plan(deploy, gpu_count, state_dir, sockets=None, env_src=None, env_dir="/etc/sglang"):
     """Predecessors (active configs sharing the config name, a GPU or a port: replaced), units to
     disable (enabled but inactive configs on the same port or GPUs: they would win the port at the
-    next boot), ports to wait for, and whether nothing changes."""
+    next boot), ports to wait for, and whether nothing changes (same unit, release and env file:
+    a changed secret is a change)."""
     problems = []
     gpus, bind, ports = deploy["gpus"], deploy["bind_address"], deploy["ports"]
     bad = [g for g in gpus if g >= gpu_count]
@@ -56,10 +76,11 @@ def plan(deploy, gpu_count, state_dir, sockets=None):
     if problems:
         raise PlanError("; ".join(problems))
     current = next((p for p in predecessors if p["config"] == deploy["config"]), None)
-    unchanged = bool(current and current.get("unit_digest") == deploy["digest"]
+    same_env = env_same(env_src, env_dir, deploy["config"]) if current else None
+    unchanged = bool(current and current.get("unit_digest") == deploy["digest"] and same_env is not False
                      and current.get("release") == deploy["release"] and len(predecessors) == 1 and not disable)
     wait_ports = sorted({(p["bind_address"], port) for p in predecessors for port in p["ports"]}
                         | {(bind, port) for port in ports})
-    return {"predecessors": predecessors, "unchanged": unchanged,
+    return {"predecessors": predecessors, "unchanged": unchanged, "env_changed": same_env is False,
             "stop_units": [p["unit_name"] for p in predecessors], "disable_units": disable,
             "wait_ports": [list(p) for p in wait_ports]}

@@ -8,17 +8,26 @@ short_description: Plan a switch to a deploy on this host without changing anyth
 description:
   - GPU indices against gpu_count; configs that run on the same name, GPUs or port (replaced);
     enabled but inactive configs on the same port or GPUs (disabled by the switch); ports held by
-    anything else (refused here, before any change); whether the same unit and release already run.
+    anything else (refused here, before any change); whether the same unit, release and env file
+    already run (the env file rendered on the host for this run, secrets included, is compared by
+    digest with the installed one on the host; only the verdict is returned).
   - Also reports a switch journal left behind by an interrupted run (RV(interrupted)).
   - Read-only; runs in check mode.
 options:
   deploy: {description: The deploy description (render output plus the release)., type: dict, required: true}
   gpu_count: {description: GPUs the host has (inventory gpu_count)., type: int, required: true}
   state_dir: {description: The deploy state folder., type: path, default: /var/lib/sglang-deploy}
+  env_dir: {description: The folder of the installed env files., type: path, default: /etc/sglang}
+  env_src:
+    description: The env file rendered on the host for this run; absent (check mode) means not compared.
+    type: path
 """
 
 RETURN = r"""
-plan: {description: predecessors, stop_units, disable_units, wait_ports, unchanged., returned: success, type: dict}
+plan:
+  description: predecessors, stop_units, disable_units, wait_ports, unchanged, env_changed.
+  returned: success
+  type: dict
 interrupted: {description: What an interrupted switch left (empty when none)., returned: success, type: str}
 """
 
@@ -30,13 +39,14 @@ from ansible_collections.sgdeploy.host.plugins.module_utils.sglang_deploy_plan i
 def main():
     module = AnsibleModule(
         argument_spec=dict(deploy=dict(type="dict", required=True), gpu_count=dict(type="int", required=True),
-                           state_dir=dict(type="path", default="/var/lib/sglang-deploy")),
+                           state_dir=dict(type="path", default="/var/lib/sglang-deploy"),
+                           env_dir=dict(type="path", default="/etc/sglang"), env_src=dict(type="path")),
         supports_check_mode=True,
     )
     p = module.params
     pending = txn.pending(txn.Paths(p["state_dir"]))
     try:
-        result = plan(p["deploy"], p["gpu_count"], p["state_dir"])
+        result = plan(p["deploy"], p["gpu_count"], p["state_dir"], env_src=p["env_src"], env_dir=p["env_dir"])
     except PlanError as exc:
         module.fail_json(msg=str(exc))
     module.exit_json(changed=False, plan=result, interrupted=txn.describe(pending) if pending else "")

@@ -15,6 +15,12 @@ RETURN = r"""
 deployed: {description: current.json of each config with active and enabled., returned: always, type: list}
 lock: {description: The lock holder, described (empty when free)., returned: always, type: str}
 interrupted: {description: What an interrupted switch left (empty when none)., returned: always, type: str}
+uncommitted:
+  description:
+    - The unit an interrupted switch installed (never enabled, no current.json yet) and whether it runs.
+    - Null when no switch is pending.
+  returned: always
+  type: dict
 records: {description: Paths of the record files., returned: always, type: list}
 current: {description: current.json of O(config) (null when none)., returned: with config, type: dict}
 previous:
@@ -29,6 +35,7 @@ import os  # noqa: E402
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_deploy_lock as lock  # noqa: E402
 from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_deploy_txn as txn  # noqa: E402
+from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_deploy_units as units  # noqa: E402
 from ansible_collections.sgdeploy.host.plugins.module_utils.sglang_deploy_files import read_json  # noqa: E402
 from ansible_collections.sgdeploy.host.plugins.module_utils.sglang_deploy_plan import deployed  # noqa: E402
 
@@ -42,11 +49,14 @@ def main():
     p = module.params
     held = lock.read(p["lock_path"])
     pending = txn.pending(txn.Paths(p["state_dir"]))
-    extra = {}
+    # What an interrupted switch started runs too, though no current.json names it yet.
+    new_unit = (pending or {}).get("new_unit")
+    extra = {"uncommitted": {"unit": new_unit, "config": pending.get("config"), "active": units.is_active(new_unit)}
+             if new_unit else None}
     if p["config"]:
         paths = txn.Paths(p["state_dir"])
         previous = read_json(paths.previous(p["config"]))
-        extra = {"current": read_json(paths.current(p["config"])),
+        extra |= {"current": read_json(paths.current(p["config"])),
                  "previous": {k: v for k, v in previous.items() if not k.endswith("_text")} if previous else None,
                  "previous_has_unit": bool(previous and previous.get("unit_text"))}
     module.exit_json(changed=False, **extra, deployed=deployed(p["state_dir"]),
