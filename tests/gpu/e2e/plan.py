@@ -139,36 +139,36 @@ GRAPHS = (
 )
 # Call 6 ("recheck"): the exactness gate live with its exact-tie fix (F6), and overlap off profiled with
 # trace_check telling host-tensor reads from device syncs.
-RECHECK = (
-    Server("ddtree-b64-k16-nooverlap", "ddtree-b64", 64, 16,
-           variant=("--disable-overlap-schedule", *NORADIX), tags=("profile",)),
-    Server("gate-ar", "ar", role="gate", variant=NORADIX, tags=("exactness_reference",)),
-    Server("gate-ddtree-b15", "ddtree-b15", role="gate", tags=("exactness",)),
-    Server("gate-ddtree-b64", "ddtree-b64", role="gate", tags=("exactness",)),
-    Server("gate-nofork-b64", "ddtree-b64-nofork", role="gate", features=FULL, tags=("exactness",)),
-)
+RECHECK = tuple(s for s in GRAPHS if s.name in {"ddtree-b64-k16-nooverlap", "gate-ar", "gate-ddtree-b15",
+                                                  "gate-ddtree-b64", "gate-nofork-b64"})
 SETS = {"core": CORE, "extra": EXTRA, "final": FINAL, "gates": GATES, "graphs": GRAPHS, "recheck": RECHECK,
         "all": CORE + tuple(s for s in EXTRA if s.name != "ar")}
 
 
-def _overrides(server: Server, config: spec.Config, port: int) -> dict:
-    extra = [*HARNESS_ARGS, *(SKIP_TOKENIZER if server.role == "experiment" else ()), *server.variant]
+def model_overrides(config: spec.Config, models: str, budget: int | None, topk_cap: int | None,
+                    speculative: dict | None = None) -> dict:
+    """The overrides every harness config gets, whatever its sizing: the target and drafter from folders under
+    ``models`` on the GPU machine, and the experiment's DDTree budget and top-k cap (on top of ``speculative``)."""
     path_source = {"source": "path", "revision": None, "allow_patterns": None, "controller_path": None,
                    "version": None}
-    out: dict = {
-        "model": {**path_source, "path": f"{MODELS}/target"},
-        "serving": {"port": port, "nccl_port": port + 1, "mem_fraction_static": MEM_FRACTION,
-                    "max_running_requests": MAX_RUNNING, "extra_args": extra, "forking_memory_gib": None},
-    }
+    out: dict = {"model": {**path_source, "path": f"{models}/target"}}
     if config.drafter is not None and config.speculative.algorithm != "NONE":
-        out["drafter"] = {**path_source, "path": f"{MODELS}/drafter"}
-    sp = {}
-    if server.budget is not None:
-        sp["budget"] = server.budget
-    if server.topk_cap is not None:
-        sp["topk_cap"] = server.topk_cap
+        out["drafter"] = {**path_source, "path": f"{models}/drafter"}
+    sp = dict(speculative or {})
+    if budget is not None:
+        sp["budget"] = budget
+    if topk_cap is not None:
+        sp["topk_cap"] = topk_cap
     if sp:
         out["speculative"] = sp
+    return out
+
+
+def _overrides(server: Server, config: spec.Config, port: int) -> dict:
+    extra = [*HARNESS_ARGS, *(SKIP_TOKENIZER if server.role == "experiment" else ()), *server.variant]
+    out = model_overrides(config, MODELS, server.budget, server.topk_cap)
+    out["serving"] = {"port": port, "nccl_port": port + 1, "mem_fraction_static": MEM_FRACTION,
+                      "max_running_requests": MAX_RUNNING, "extra_args": extra, "forking_memory_gib": None}
     return out
 
 

@@ -135,24 +135,11 @@ def fit_running(algorithm: str, budget_: int | None, gpu_gib: float = GPU_GIB) -
 
 
 def _overrides(server: Server, config: spec.Config, port: int, max_running: int) -> dict:
-    path_source = {"source": "path", "revision": None, "allow_patterns": None, "controller_path": None,
-                   "version": None}
-    out: dict = {
-        "model": {**path_source, "path": f"{MODELS}/target"},
-        "serving": {"port": port, "nccl_port": port + 1, "mem_fraction_static": 0.88,
-                    "max_running_requests": max_running,
-                    "extra_args": [*FULL_ARGS, *(DRAFT_ARGS if config.speculative.algorithm != "NONE" else ())],
-                    "forking_memory_gib": None, "env": {**dict(config.serving.env), **ENV}},
-    }
-    if config.drafter is not None and config.speculative.algorithm != "NONE":
-        out["drafter"] = {**path_source, "path": f"{MODELS}/drafter"}
-    sp = dict(server.speculative)
-    if server.budget is not None:
-        sp["budget"] = server.budget
-    if server.topk_cap is not None:
-        sp["topk_cap"] = server.topk_cap
-    if sp:
-        out["speculative"] = sp
+    out = e2e_plan.model_overrides(config, MODELS, server.budget, server.topk_cap, server.speculative)
+    out["serving"] = {"port": port, "nccl_port": port + 1, "mem_fraction_static": 0.88,
+                      "max_running_requests": max_running,
+                      "extra_args": [*FULL_ARGS, *(DRAFT_ARGS if config.speculative.algorithm != "NONE" else ())],
+                      "forking_memory_gib": None, "env": {**dict(config.serving.env), **ENV}}
     return out
 
 
