@@ -43,7 +43,7 @@ MODELS = f"{DEVICE_ROOT}/models"
 BASE_PORT = 32000
 PORT_STEP = 10
 MAX_RUNNING = 8
-BATCHES = (1, 8)
+BATCHES = (1, 6, 8)  # 6: the largest batch budget 64 fits (below), so every server has a point beside it
 MAX_TOTAL_TOKENS = 16_384
 MAMBA_CACHE = 16
 GPU_GIB = 139.8  # one H200 as torch reports it (143 771 MiB)
@@ -58,6 +58,8 @@ FULL_ARGS = (
     "--sampling-backend", "pytorch",    # no real flashinfer on the GPU machine (the e2e stand-in)
     "--context-length", "4096",         # prompts 256 + 128 new tokens; caps the per-request tables
     "--cuda-graph-max-bs-decode", str(MAX_RUNNING),  # decode/verify graphs for batch 1..8 only
+    "--cuda-graph-bs-decode", *(str(b) for b in BATCHES),  # and only at the measured sizes (a shorter start)
+    "--disable-prefill-cuda-graph",     # only decode steps are measured; breakable prefill graphs cost the start
     "--max-total-tokens", str(MAX_TOTAL_TOKENS),     # a small KV pool: 8 x 384 tokens is all a run needs
     "--max-mamba-cache-size", str(MAMBA_CACHE),      # a small recurrent-state pool (147 MiB a slot)
     "--disable-radix-cache",            # random prompts share nothing; the Rust tree fails here (e2e F4)

@@ -91,7 +91,8 @@ class Server(e2e_runner.ServerProc):
         self.log_path = ROOT / "logs" / f"{self.name}.log"
         self.profile_dir = ROOT / "profile" / self.name
         self.env["PYTHONPATH"] = self.env["PYTHONPATH"].replace(str(HERE.parent / "e2e" / "hook"), str(HERE / "hook"))
-        self.env.update(CUDA_VISIBLE_DEVICES=str(gpu), CUDA_DEVICE_ORDER="PCI_BUS_ID",  # nvidia-smi's indices SGLANG_TORCH_PROFILER_DIR=str(self.profile_dir),
+        self.env.update(CUDA_VISIBLE_DEVICES=str(gpu), CUDA_DEVICE_ORDER="PCI_BUS_ID",  # nvidia-smi's indices
+                        SGLANG_TORCH_PROFILER_DIR=str(self.profile_dir),
                         SGDEPLOY_FULL_HOOK="1", SGDEPLOY_E2E_HOOK="1", OMP_NUM_THREADS="4",
                         TRITON_CACHE_DIR=str(E2E_ROOT / "triton-cache"), SGLANG_JIT_CACHE_DIR=str(E2E_ROOT / "jit-cache"))
 
