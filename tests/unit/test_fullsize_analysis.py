@@ -36,14 +36,23 @@ def test_needed_acceptance_is_the_field_acceptance_times_the_step_ratio():
 
 
 def test_rows_mark_budgets_that_cannot_reach_the_needed_acceptance():
-    rows = {(r["server"], r["batch_key"]): r for r in analysis.rows(RESULTS)}
-    b32, b64 = rows[("ddtree-b32", "b1")], rows[("ddtree-b64", "b1")]
+    rows = {(r["server"], r["batch"]): r for r in analysis.rows(RESULTS)}
+    b32, b64 = rows[("ddtree-b32", 1)], rows[("ddtree-b64", 1)]
     assert b32["needed_accept"] == 16.0 and b32["reachable"] is True  # exactly the cap: reachable
     assert b64["needed_accept"] == 18.0 and b64["reachable"] is False and b64["vs_b15"] == 1.2
-    assert rows[("ddtree-b15", "b1")]["vs_dflash"] == 1.05
-    assert rows[("ddtree-b64", "b8")]["batch"] == 6 and rows[("ddtree-b64", "b8")]["needed_accept"] is None  # 6 != 8
-    assert rows[("ddtree-b32", "b8")]["needed_accept"] == pytest.approx(15 * 30 / 26, abs=1e-3)
-    assert rows[("ar", "b1")]["reachable"] is None
+    assert rows[("ddtree-b15", 1)]["vs_dflash"] == 1.05
+    assert rows[("ddtree-b64", 6)]["needed_accept"] is None  # budget 15 did not run batch 6 here
+    assert ("ddtree-b64", 8) not in rows
+    assert rows[("ddtree-b32", 8)]["needed_accept"] == pytest.approx(15 * 30 / 26, abs=1e-3)
+    assert rows[("ar", 1)]["reachable"] is None
+
+
+def test_a_batch_size_both_ran_is_compared_at_that_size():
+    both = {**RESULTS, "ddtree-b15": {"predicted_bytes": {}, "batches": [1, 6, 8], "measure": {
+        "batch_1": {"step_ms_median": 21.0}, "batch_6": {"step_ms_median": 25.0}, "batch_8": {"step_ms_median": 26.0}}}}
+    rows = {(r["server"], r["batch"]): r for r in analysis.rows(both)}
+    assert rows[("ddtree-b64", 6)]["vs_b15"] == 1.6 and rows[("ddtree-b64", 6)]["needed_accept"] == 24.0
+    assert rows[("ddtree-b64", 6)]["reachable"] is False
 
 
 def test_the_cli_writes_the_table_and_the_plot(tmp_path, capsys):

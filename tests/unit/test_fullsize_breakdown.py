@@ -87,6 +87,20 @@ def test_summary_takes_medians_and_the_ddtree_only_share():
     assert "| verify_gdn | 200.0 |" in breakdown.table("t", s)
 
 
+def test_without_the_step_range_the_python_stack_event_marks_the_step():
+    """The first full-size run's traces had no e2e step range (the hook was shadowed); SGLang's profiler
+    records the Python stack, whose forward_decode event then marks the step."""
+    ev = [e for e in trace(2)["traceEvents"] if e.get("name") != STEP]
+    assert breakdown.summarise({"traceEvents": ev})["steps"] == 0
+    for t0 in (0, 10_000):
+        ev.append({"ph": "X", "cat": "python_function", "pid": 1, "tid": 1, "ts": t0, "dur": 1000,
+                   "name": "sglang/srt/speculative/ddtree_decode.py(169): forward_decode"})
+    ev.append({"ph": "X", "cat": "python_function", "pid": 1, "tid": 1, "ts": 95_000, "dur": 10,
+               "name": "sglang/srt/speculative/ddtree_decode.py(79): _draft_block_hidden"})  # not a step
+    s = breakdown.summarise({"traceEvents": ev})
+    assert s["steps"] == 2 and s["device_us_median"] == 1568
+
+
 def test_a_trace_without_steps_says_so_and_the_cli_reads_gzip(tmp_path, capsys):
     assert breakdown.summarise({"traceEvents": []})["verdict"].startswith("no decode step")
     path = tmp_path / "t.trace.json.gz"
@@ -141,3 +155,38 @@ def test_the_hook_opens_a_range_around_each_wrapped_function(monkeypatch):
     again = full_hook.patch_module(mod, [("depth_topk_logprobs", "topk")])  # installing twice wraps once
     assert again == ["depth_topk_logprobs"] and mod.depth_topk_logprobs(1) == 2 and seen[-1] == "sgdeploy_full::topk"
     assert seen.count("sgdeploy_full::topk") == 2
+
+
+def test_both_hooks_reach_a_module_they_both_patch(tmp_path, monkeypatch):
+    """As the server's sitecustomize installs them (e2e_hook, then full_hook): importing ddtree_decode gets the
+    e2e step range around forward_decode and full_hook's draft range, both."""
+    import e2e_hook
+
+    seen = []
+
+    @contextlib.contextmanager
+    def record_function(name):
+        seen.append(name)
+        yield
+
+    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(
+        profiler=types.SimpleNamespace(record_function=record_function)))
+    pkg = tmp_path / "sglang" / "srt" / "speculative"
+    pkg.mkdir(parents=True)
+    for d in (tmp_path / "sglang", tmp_path / "sglang" / "srt", pkg):
+        (d / "__init__.py").write_text("")
+    (pkg / "ddtree_decode.py").write_text(
+        "def _draft_block_hidden(x):\n    return x + 1\n\n"
+        "def forward_decode(x):\n    return _draft_block_hidden(x)\n")
+    for name in [m for m in sys.modules if m == "sglang" or m.startswith("sglang.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("SGDEPLOY_E2E_HOOK", "1")
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
+    e2e_hook.install()
+    full_hook.install()
+    import importlib
+
+    mod = importlib.import_module("sglang.srt.speculative.ddtree_decode")
+    assert mod.forward_decode(1) == 2
+    assert seen == ["sgdeploy_e2e::ddtree_decode_step", "sgdeploy_full::draft"]

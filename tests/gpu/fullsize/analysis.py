@@ -31,13 +31,9 @@ CAP = 16.0
 REFERENCE = "ddtree-b15"
 
 
-def step_ms(results: dict, name: str, batch_key: str) -> float | None:
-    r = results.get(name) or {}
-    m = r.get("measure") or {}
-    b = r.get("batches") or []
-    if not b:
-        return None
-    batch = b[0] if batch_key == "b1" else b[-1]
+def step_ms(results: dict, name: str, batch: int) -> float | None:
+    """The server's median step time at this batch size (None where it did not run it)."""
+    m = (results.get(name) or {}).get("measure") or {}
     return (m.get(f"batch_{batch}") or {}).get("step_ms_median")
 
 
@@ -49,20 +45,21 @@ def needed_accept(step: float, reference_step: float, field_accept: float = FIEL
 
 
 def rows(results: dict, field_accept: float = FIELD_ACCEPT, cap: float = CAP) -> list[dict]:
+    """One row per server and batch size it measured, compared with DDTREE 15 and DFLASH 16 at the same
+    batch size (a batch size the reference did not run has no ratio)."""
     names = [k for k, v in results.items() if isinstance(v, dict) and "predicted_bytes" in v]
+    batches = sorted({b for n in names for b in (results[n].get("batches") or [])})
     out = []
-    for key in ("b1", "b8"):
-        ref = step_ms(results, REFERENCE, key)
-        dflash = step_ms(results, "dflash-b16", key)
+    for batch in batches:
+        ref = step_ms(results, REFERENCE, batch)
+        dflash = step_ms(results, "dflash-b16", batch)
         for name in names:
-            r = results[name]
-            s = step_ms(results, name, key)
-            batches = r.get("batches") or []
-            batch = (batches[0] if key == "b1" else batches[-1]) if batches else None
-            row = {"server": name, "batch": batch, "batch_key": key, "step_ms": s,
-                   "budget": _budget(name), "vs_b15": None, "vs_dflash": None, "needed_accept": None,
-                   "reachable": None}
-            if s is not None and ref is not None and batch == _ref_batch(results, key):
+            if batch not in (results[name].get("batches") or []):
+                continue
+            s = step_ms(results, name, batch)
+            row = {"server": name, "batch": batch, "step_ms": s, "budget": _budget(name), "vs_b15": None,
+                   "vs_dflash": None, "needed_accept": None, "reachable": None}
+            if s is not None and ref is not None:
                 row["vs_b15"] = round(s / ref, 4)
                 row["needed_accept"] = round(needed_accept(s, ref, field_accept), 3)
                 row["reachable"] = row["needed_accept"] <= cap if name != "ar" else None
@@ -70,11 +67,6 @@ def rows(results: dict, field_accept: float = FIELD_ACCEPT, cap: float = CAP) ->
                 row["vs_dflash"] = round(s / dflash, 4)
             out.append(row)
     return out
-
-
-def _ref_batch(results: dict, key: str):
-    b = (results.get(REFERENCE) or {}).get("batches") or []
-    return (b[0] if key == "b1" else b[-1]) if b else None
 
 
 def _budget(name: str) -> int | None:
@@ -109,23 +101,23 @@ def plot(table: list[dict], path: Path, field_accept: float = FIELD_ACCEPT, cap:
 
     fig, (ax_step, ax_acc) = plt.subplots(2, 1, sharex=True, figsize=(7.5, 6.5), dpi=100)
     budgets = set()
-    for key, style in (("b1", "o-"), ("b8", "s-")):
-        pts = sorted((r for r in table if r["batch_key"] == key and r["budget"] and r["step_ms"] is not None
+    styles = ("o-", "^-", "s-", "d-")
+    for i, batch in enumerate(sorted({r["batch"] for r in table})):
+        style = styles[i % len(styles)]
+        pts = sorted((r for r in table if r["batch"] == batch and r["budget"] and r["step_ms"] is not None
                       and r["server"] == f"ddtree-b{r['budget']}"), key=lambda r: r["budget"])
         if not pts:
             continue
-        batch = pts[0]["batch"]
         xs = [r["budget"] for r in pts]
         budgets.update(xs)
         ax_step.plot(xs, [r["step_ms"] for r in pts], style, label=f"DDTree, batch {batch}")
         acc = [(r["budget"], r["needed_accept"]) for r in pts if r["needed_accept"] is not None]
         if acc:
             ax_acc.plot([a for a, _ in acc], [b for _, b in acc], style, label=f"needed, batch {batch}")
-        for ref, ls in (("dflash-b16", "--"), ("ar", ":")):
-            s = next((r["step_ms"] for r in table if r["server"] == ref and r["batch_key"] == key), None)
-            if s is not None:
-                ax_step.axhline(s, linestyle=ls, linewidth=1, color="gray",
-                                label=f"{ref}, batch {batch}" if key == "b1" or ref == "dflash-b16" else None)
+        s = next((r["step_ms"] for r in table if r["server"] == "dflash-b16" and r["batch"] == batch), None)
+        if s is not None:
+            ax_step.axhline(s, linestyle="--", linewidth=1, color=f"C{i}", alpha=0.6,
+                            label=f"DFLASH 16, batch {batch}")
     ax_acc.axhline(cap, color="tab:red", linestyle="--", linewidth=1, label=f"cap {cap:g} (block size)")
     ax_acc.axhline(field_accept, color="tab:green", linestyle=":", linewidth=1,
                    label=f"field, budget 15: {field_accept:g}")

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import sys
 from pathlib import Path
@@ -39,6 +40,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "e2e"))
 from trace_check import load_trace as load  # noqa: E402  (tests/gpu/e2e: a chrome trace, gzipped or not)
 
 STEP_RANGES = ("sgdeploy_e2e::ddtree_decode_step", "sgdeploy_full::dflash_decode")
+# The same DDTree step as the profiler's Python-stack event (SGLang's /start_profile records with_stack): the
+# step when the e2e range is missing (the first full-size run, 2026-12-01: full_hook's import finder took
+# ddtree_decode before e2e_hook's, so the e2e range was never installed).
+STEP_FUNCTIONS = re.compile(r"speculative/ddtree_decode\.py\(\d+\): forward_decode$")
 PREFIX = "sgdeploy_full::"
 RANGE_PART = {"draft": "draft", "topk": "topk", "tree": "tree_mask", "mask": "tree_mask", "verify": "commit",
               "fork_commit": "commit", "draft_kv": "commit", "target_forward": "verify"}
@@ -72,15 +77,21 @@ def attribute(trace: dict) -> list[dict]:
     events = [e for e in trace.get("traceEvents", []) if isinstance(e, dict) and e.get("ph") == "X"]
     steps: dict[tuple, list[tuple[float, float]]] = {}
     ranges: dict[tuple, list[tuple[float, float, str]]] = {}
+    py_steps: dict[tuple, list[tuple[float, float]]] = {}
     for e in events:
         name, key = str(e.get("name", "")), (e.get("pid"), e.get("tid"))
-        if e.get("cat") not in ("user_annotation", "cpu_op"):
+        if e.get("cat") not in ("user_annotation", "cpu_op", "python_function"):
             continue
         a, b = float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0))
-        if name in STEP_RANGES:
+        if e.get("cat") == "python_function":
+            if STEP_FUNCTIONS.search(name):
+                py_steps.setdefault(key, []).append((a, b))
+        elif name in STEP_RANGES:
             steps.setdefault(key, []).append((a, b))
         elif name.startswith(PREFIX):
             ranges.setdefault(key, []).append((a, b, name[len(PREFIX):]))
+    if not steps:
+        steps = py_steps
     launches = {}
     for e in events:
         corr = (e.get("args") or {}).get("correlation")

@@ -107,8 +107,18 @@ class _Finder(importlib.abc.MetaPathFinder):
         spec = importlib.machinery.PathFinder.find_spec(name, path)
         if spec is None or spec.loader is None:
             return None
-        spec.loader = e2e_hook._Loader(spec.loader, functools.partial(patch_module, entries=entries))
+        spec.loader = e2e_hook._Loader(spec.loader, functools.partial(_patch_both, name=name, entries=entries))
         return spec
+
+
+def _patch_both(module, name: str, entries) -> None:
+    """This finder is first on ``sys.meta_path``, so e2e_hook's finder never sees a module both hooks patch
+    (``ddtree_decode``: its step range, ``ddtree_info``): apply e2e_hook's patch here too when it is on. The
+    first full-size run lacked the e2e step range for this reason."""
+    e2e_patch = e2e_hook.PATCHES.get(name)
+    if e2e_patch is not None and os.environ.get("SGDEPLOY_E2E_HOOK") == "1":
+        e2e_patch(module)
+    patch_module(module, entries)
 
 
 def install() -> None:

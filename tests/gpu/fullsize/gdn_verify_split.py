@@ -1,0 +1,198 @@
+"""GPU bench: the two GDN kernels of a verify step, each alone, as CUDA-graph replays (issue 23, item 3).
+
+The full-size server's profile (breakdown.py) cannot split the GDN verify honestly: SGLang launches the conv
+update, the recurrent verify and the gated norm with programmatic dependent launch (PDL), so each kernel's
+recorded time includes its wait for the one before. Here each kernel runs alone, back to back inside one
+captured CUDA graph (``triton.testing.do_bench_cudagraph``, the way the server replays its verify graph),
+on one TP-1 Qwen3.6-27B GDN layer (H 16, HV 48, K = V = 128, conv width 4, fp32 states, bf16
+activations; ``tests/gpu/test_state_forking.py``'s problem and reference), at the verify widths of the
+full-size run: T = 16 (DFLASH block 16 as a chain; DDTREE 15 as a tree), 33 (DDTREE 32), 65 (DDTREE 64,
+tree and chain) and batch 1 and 6.
+
+Launch variants of the tree conv update (``BLOCK_N`` x ``num_warps``; upstream launches 256 x 4): each
+channel's arithmetic does not depend on them, so every variant's outputs (conv output, conv windows, the
+parents it writes) must be bit-identical to upstream's; the bench asserts it, and checks upstream's against
+the float64 per-path reference (``tsf.reference``) for one case per width.
+
+    python3 tests/gpu/fullsize/gdn_verify_split.py --out $OUT          (on the lent H200; SGLANG_FORK_ROOT)
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+import test_state_forking as tsf  # noqa: E402
+
+SMALL = "--small" in sys.argv  # CPU smoke run under TRITON_INTERPRET=1: tiny heads, short trees
+if SMALL:
+    tsf.H, tsf.HV, tsf.K, tsf.V, tsf.W = 2, 4, 16, 16, 4
+else:
+    tsf.H, tsf.HV, tsf.K, tsf.V, tsf.W = 16, 48, 128, 128, 4  # one TP-1 layer of Qwen3.6-27B
+LAYERS = 48  # GDN layers of the target: per-step cost = 48 x a layer's
+CASES = ((5, True), (5, False)) if SMALL else ((16, False), (16, True), (33, True), (65, True), (65, False))
+BATCHES = (1, 2) if SMALL else (1, 6)
+VARIANTS = ((32, 1),) if SMALL else ((256, 2), (256, 1), (128, 1), (64, 1))
+
+
+class Launch:
+    """``kernel[grid](...)`` with BLOCK_N and num_warps replaced (the wrapper looks the kernel up by name)."""
+
+    def __init__(self, kernel, block_n: int, warps: int):
+        self.kernel, self.block_n, self.warps = kernel, block_n, warps
+
+    def __getitem__(self, grid):
+        block_n = self.block_n
+
+        def fixed_grid(meta):
+            return grid({**meta, "BLOCK_N": block_n}) if callable(grid) else grid
+
+        launch = self.kernel[fixed_grid]
+        return lambda *a, **kw: launch(*a, **{**kw, "BLOCK_N": block_n, "num_warps": self.warps})
+
+
+def buffers(p, tree: bool) -> dict:
+    bs, T, dim = p.bs, p.T, p.dim
+    return {
+        "conv_pool": p.conv_pool.clone(),
+        "inter_conv": torch.zeros(bs + 1, T, dim, tsf.W - 1, dtype=torch.bfloat16, device=tsf.DEV),
+        "inter_ssm": torch.zeros(bs + 1, T, tsf.HV, tsf.V, tsf.K, dtype=torch.float32, device=tsf.DEV),
+        "inter_idx": torch.arange(bs, dtype=torch.int32, device=tsf.DEV),
+        "parent": torch.empty_like(p.nxt_tok) if tree else None,
+        "xt": p.x.view(bs, T, dim).transpose(1, 2),
+        "qsl": torch.arange(0, bs * T + 1, T, dtype=torch.int32, device=tsf.DEV),
+    }
+
+
+def conv_call(m, p, buf, tree: bool):
+    return lambda: m["conv"].causal_conv1d_update(
+        buf["xt"], buf["conv_pool"], p.conv_w, None, "silu", conv_state_indices=p.slots,
+        intermediate_conv_window=buf["inter_conv"], intermediate_state_indices=buf["inter_idx"],
+        retrieve_next_token=p.nxt_tok if tree else None, retrieve_next_sibling=p.nxt_sib if tree else None,
+        retrieve_parent_token=buf["parent"])
+
+
+def recurrent_call(m, p, buf, mixed):
+    H, HV, K, V, bs, T = tsf.H, tsf.HV, tsf.K, tsf.V, p.bs, p.T
+    q, k, v = torch.split(mixed, [H * K, H * K, HV * V], dim=-1)
+    q, k, v = q.view(1, bs * T, H, K), k.view(1, bs * T, H, K), v.view(1, bs * T, HV, V)
+    return lambda: m["gdn"].fused_sigmoid_gating_delta_rule_update(
+        A_log=p.A_log, a=p.a, dt_bias=p.dt_bias, softplus_beta=1.0, softplus_threshold=20.0, q=q, k=k, v=v,
+        b=p.b, initial_state_source=p.ssm_pool, initial_state_indices=p.slots, cu_seqlens=buf["qsl"],
+        use_qk_l2norm_in_kernel=True, is_kda=False, disable_state_update=True,
+        intermediate_states_buffer=buf["inter_ssm"], intermediate_state_indices=buf["inter_idx"],
+        cache_steps=T, retrieve_parent_token=buf["parent"])
+
+
+def graph_ms(fn) -> float:
+    """Median ms of one call, replayed from a captured CUDA graph (the compile happens before capture).
+    Under the Triton interpreter (the CPU smoke run, ``--small``) one timed call instead."""
+    fn()
+    tsf.sync()
+    if tsf.DEV != "cuda":
+        t0 = time.perf_counter()
+        fn()
+        return 1e3 * (time.perf_counter() - t0)
+    import triton
+
+    return triton.testing.do_bench_cudagraph(fn, rep=100, return_mode="median")
+
+
+def conv_outputs(m, p, tree: bool, launch: tuple[int, int] | None) -> tuple:
+    orig = m["conv"]._causal_conv1d_update_kernel
+    if launch is not None:
+        m["conv"]._causal_conv1d_update_kernel = Launch(orig, *launch)
+    try:
+        buf = buffers(p, tree)
+        call = conv_call(m, p, buf, tree)
+        t0 = time.perf_counter()
+        out = call()
+        tsf.sync()
+        first_s = time.perf_counter() - t0
+        ms = graph_ms(call)
+        parents = None if buf["parent"] is None else buf["parent"].clone()
+        return out.clone(), buf["inter_conv"].clone(), parents, ms, first_s
+    finally:
+        m["conv"]._causal_conv1d_update_kernel = orig
+
+
+def case(m, T: int, tree: bool, bs: int, check_reference: bool) -> dict:
+    p = tsf.make_problem(bs, T, seed=1000 * T + bs)
+    if not tree:  # a chain: the kernels get no links; the reference walks the chain
+        p.parents = [[i - 1 for i in range(T)] for _ in range(bs)]
+    out, windows, parents, conv_ms, first_s = conv_outputs(m, p, tree, None)
+    row = {"T": T, "tree": tree, "bs": bs, "conv_ms": conv_ms, "conv_first_call_s": round(first_s, 1)}
+    buf = buffers(p, tree)
+    mixed = conv_call(m, p, buf, tree)().transpose(1, 2).reshape(bs * T, p.dim)
+    row["recurrent_ms"] = graph_ms(recurrent_call(m, p, buf, mixed))
+    # The floor of the recurrent verify's own traffic: writing its intermediate states once (bs x T states).
+    row["state_write_floor_ms"] = graph_ms(lambda: buf["inter_ssm"][:bs].zero_())
+    row["state_write_gib"] = round(buf["inter_ssm"][:bs].numel() * 4 / 2**30, 4)
+    row["step_ms_48_layers"] = round(LAYERS * (row["conv_ms"] + row["recurrent_ms"]), 3)
+    if check_reference:
+        ref_conv, ref_out, _, ref_win = tsf.reference(p)
+        got = out.transpose(1, 2).reshape(bs, T, p.dim)
+        conv_err = float(tsf.rel_err(got, ref_conv).max())
+        o = recurrent_call(m, p, buf, mixed)().view(bs, T, tsf.HV, tsf.V)
+        out_err = float(tsf.rel_err(o, ref_out).max())
+        row["max_rel_err"] = {"conv": conv_err, "out": out_err}
+        tol_scale = 2 if tsf.DEV != "cuda" else 1  # the interpreter runs fp16 activations
+        assert conv_err < tsf.CONV_TOL * tol_scale, (T, tree, bs, conv_err)  # bf16 conv output: 2^-8 relative
+        assert out_err < tsf.OUT_TOL * tol_scale, (T, tree, bs, out_err)  # bf16 q/k/v and output, fp32 state
+    if tree:
+        row["variants"] = {}
+        for launch in VARIANTS:
+            o2, w2, p2, ms, _ = conv_outputs(m, p, tree, launch)
+            same = torch.equal(o2, out) and torch.equal(w2, windows) and torch.equal(p2, parents)
+            row["variants"][f"{launch[0]}x{launch[1]}"] = {"conv_ms": ms, "bit_identical": same}
+            assert same, (T, bs, launch)
+    return row
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=Path("."))
+    ap.add_argument("--small", action="store_true", help="the CPU smoke run (TRITON_INTERPRET=1)")
+    ap.add_argument("--deadline-s", type=float, default=400.0, help="stop starting cases after this many seconds")
+    args = ap.parse_args()
+    t_start = time.time()
+    m = tsf.load_sglang()
+    info = {"device": torch.cuda.get_device_name(0) if tsf.DEV == "cuda" else "cpu (Triton interpreter)", "torch": torch.__version__,
+            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            "shape": "Qwen3.6-27B GDN layer, TP1: H=16 HV=48 K=V=128 W=4, fp32 state, bf16 act",
+            "timing": "triton.testing.do_bench_cudagraph median (CUDA-graph replay), one kernel alone"}
+    rows = []
+    args.out.mkdir(parents=True, exist_ok=True)
+    for T, tree in CASES:
+        for bs in BATCHES:
+            if time.time() - t_start > args.deadline_s:
+                rows.append({"T": T, "tree": tree, "bs": bs, "skipped": "deadline"})
+                continue
+            r = case(m, T, tree, bs, check_reference=(bs == 1))
+            rows.append(r)
+            print(json.dumps(r), flush=True)
+            (args.out / "gdn_verify_split.json").write_text(json.dumps({"info": info, "rows": rows}, indent=1))
+    print("| T | tree | batch | conv ms | recurrent ms | state-write floor ms | x 48 layers ms | best conv launch (ms) |")
+    print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | --- |")
+    for r in rows:
+        if "skipped" in r:
+            continue
+        best = min(r.get("variants", {}).items(), key=lambda kv: kv[1]["conv_ms"], default=None)
+        best_s = f"{best[0]} ({best[1]['conv_ms']:.4f})" if best else ""
+        print(f"| {r['T']} | {r['tree']} | {r['bs']} | {r['conv_ms']:.4f} | {r['recurrent_ms']:.4f} | "
+              f"{r['state_write_floor_ms']:.4f} | "
+              f"{r['step_ms_48_layers']:.2f} | {best_s} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
