@@ -13,20 +13,19 @@ description:
     C(--worker-urls); none for a deploy that no router fronts.
   - Reads only; the same in check mode.
 options:
+  config:
+    description: The name given to the rollback.
+    required: true
+    type: str
   state_dir: {description: The deploy state folder., type: path, default: /var/lib/sglang-deploy}
-  config: {description: The name given to the rollback., type: str, required: true}
   unit_dir: {description: Where the router units are., type: path, default: /etc/systemd/system}
 """
 
 RETURN = r"""
-deploys:
-  description: "[{name, url, router_url, router_unit}] in rollback order (router_url null: not behind a router)."
-  returned: always
-  type: list
-replicas:
-  description: The name stands for the replicas <config>-r<i> of a config (not one deploy of that name).
-  returned: always
-  type: bool
+deploys: {description: "[{name, url, router_url, router_unit}] in rollback order (router_url null: no router).",
+          returned: always, type: list}
+replicas: {description: "The name stands for the replicas <config>-r<i> of a config, not one deploy of that name.",
+           returned: always, type: bool}
 """
 
 import glob  # noqa: E402
