@@ -200,9 +200,11 @@ def test_replicas_roll_canary_first_with_no_failed_request(lab):
         assert _active_since(lab, "lab1", "sglang-lab-replicas-b32-r1.service") == r1_since
         assert _active_since(lab, "lab2", "sglang-lab-replicas-b32-r0.service") == lab2_since
 
-        # (c) `make rollback CONFIG=lab-replicas-b32`: every replica back to b15, one at a time, each taken
-        # out of its router by the rollback itself, switched back, health-checked, put back.
-        phases["c_manual_rollback"], proc = _timed(lab, load, "playbooks/rollback.yml", "-e", "config=lab-replicas-b32")
+        # (c) `make rollback CONFIG=lab-replicas-b32 SERIAL=2`: every replica back to b15, one at a time on each
+        # host (hosts two at a time), each taken out of its router by the rollback itself, switched back,
+        # health-checked, put back.
+        phases["c_manual_rollback"], proc = _timed(lab, load, "playbooks/rollback.yml", "-e", "config=lab-replicas-b32",
+                                                   "-e", "rollback_serial=2")
         assert proc.returncode == 0, proc.stdout[-3000:]
         for host in lab.hosts:
             assert (f"ROLLED BACK on {host}: lab-replicas-b32, 2 replica(s) one at a time (lab-replicas-b32-r0, "
@@ -228,6 +230,13 @@ def test_replicas_roll_canary_first_with_no_failed_request(lab):
     # The router itself never restarted through all of it.
     for host in lab.hosts:
         assert _active_since(lab, host, f"sglang-router-{ROUTER_PORT}.service") == router_since[host]
+    # 0.3.2 ignores HF_HUB_OFFLINE: the router's tokenizer lookups (the lab's model folders hold no tokenizer)
+    # went to the closed loopback port of HF_ENDPOINT, never to the Hub.
+    for host in lab.hosts:
+        invocation = lab.ssh(host, f"systemctl show -p InvocationID --value sglang-router-{ROUTER_PORT}.service").stdout
+        log = lab.ssh(host, f"journalctl --no-pager -o cat _SYSTEMD_INVOCATION_ID={invocation.strip()}").stdout
+        assert "huggingface.co" not in log, [line for line in log.splitlines() if "huggingface.co" in line][:2]
+        assert "http://127.0.0.1:9/api/models/" in log, log[-2000:]
     # testinfra (make verify) checks the router units: user, hardening, the pinned wheel, listeners, engines.
     verify = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
                              "tests/infra/test_router.py", "--hosts=ansible://gpu_hosts",

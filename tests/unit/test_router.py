@@ -222,7 +222,9 @@ def test_the_router_unit_the_role_renders_is_hardened_and_parsed_back_by_status_
     assert parsed["argv"][:2] == ["/opt/sglang-router/0.3.2/venv/bin/python",
                                   "/opt/sglang-router/0.3.2/sglang_router_launch.py"]
     for line in ("User=sglang-router", "NoNewPrivileges=yes", "ProtectSystem=strict", "CapabilityBoundingSet=",
-                 "PrivateDevices=yes", "Restart=always"):
+                 "PrivateDevices=yes", "Restart=always",
+                 # 0.3.2 ignores HF_HUB_OFFLINE: its tokenizer lookups go to a closed loopback port, never the Hub.
+                 "Environment=HF_ENDPOINT=http://127.0.0.1:9"):
         assert line in text.splitlines(), line
     # Named by port, not config: the text is the same for every config on that port (no restart on a switch).
     values["sglang_router_config"] = "other"
