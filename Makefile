@@ -122,10 +122,10 @@ gate: $(STAMP) ## Run CONFIG's gates from the controller through an SSH tunnel [
 	$(ensure_lab)
 	@$(SGDEPLOY) gate "$$CONFIG" --inventory "$$INV" $${HOST:+--host "$$HOST"}
 
-rollback: $(STAMP) ## Go back by hand to the previous deploy of CONFIG [INVENTORY= LIMIT=]
+rollback: $(STAMP) ## Go back by hand to the previous deploy of CONFIG (replicas one at a time through the router) [INVENTORY= LIMIT= SERIAL=]
 	$(need_config)
 	$(ensure_lab)
-	$(ANSIBLE_PLAYBOOK) -i "$$INV" $(LIMIT_ARG) playbooks/rollback.yml -e config="$$CONFIG"
+	$(ANSIBLE_PLAYBOOK) -i "$$INV" $(LIMIT_ARG) playbooks/rollback.yml -e config="$$CONFIG" -e rollback_serial="$$SERIAL"
 
 status: $(STAMP) ## Show what runs where, with the last gate numbers [INVENTORY=]
 	$(ensure_lab)

@@ -100,6 +100,16 @@ def load_base(name_or_path: str) -> spec.Config:
     if base.speculative.algorithm != "DDTREE":
         raise UsageError(f"--config {name_or_path}: speculative.algorithm is {base.speculative.algorithm}; "
                          "a budget sweep needs a DDTREE config (e.g. ddtree-b15)")
+    sv = base.serving
+    if sv.router:
+        # Refused, not swept: each variant deploy would roll the serving replicas (the router's capacity
+        # halves for every variant) and the bench through the router mixes replicas; the budget's effect is
+        # a property of one engine, the same on every replica (docs/sweep.md, "Replicas").
+        raise UsageError(
+            f"--config {name_or_path}: serving.replicas {sv.replicas} behind the router on port {sv.port} is not "
+            "swept (a sweep deploys each variant over the serving replicas); sweep one engine instead: a config "
+            f"with 'extends: {base.name}' and serving: {{replicas: 1, router: false, gpus: [<{sv.tp_size} free "
+            "GPU(s)>], port: <a free port>}, then deploy the best budget to the replicas with make deploy")
     return base
 
 

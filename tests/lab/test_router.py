@@ -6,8 +6,9 @@ the deploy role's drain / switch / health / warm-up / gates, back in), then make
 pinned sglang-router (role sglang_router) on port 31200. A bounded client load (concurrency 8)
 runs through both hosts' routers during (a) a switch ddtree-b15 -> ddtree-b32, (b) a deploy of
 ddtree-b64-nofork whose canary fails its gate and is rolled back (the rollout stops), (c) a manual
-rollback of each replica, and must see no failed request. Simulated engine: proves plumbing, not
-behaviour.
+rollback of the config (`make rollback`: each replica out of the router, switched back, back in), and
+must see no failed request. The canary's gates bench it side by side with an old replica.
+Simulated engine: proves plumbing, not behaviour.
 """
 
 from __future__ import annotations
@@ -118,13 +119,6 @@ class Load:
                 "seconds_below_full_capacity": {url.split("//")[1]: n for url, n in reduced.items()}}
 
 
-def _workers(lab, state: str, port: int) -> None:
-    url = f"http://{{{{ sglang_bind_address }}}}:{port}"
-    lab.ansible("gpu_hosts", "sgdeploy.host.sglang_router_workers",
-                json.dumps({"router_url": f"http://{{{{ sglang_bind_address }}}}:{ROUTER_PORT}",
-                            state: [url], "timeout_s": 60}))
-
-
 def _listed(lab, host: str) -> dict[str, bool]:
     with urllib.request.urlopen(f"http://{lab.address(host)}:{ROUTER_PORT}/workers", timeout=10) as resp:
         return {w["url"]: w["is_healthy"] for w in json.loads(resp.read())["workers"]}
@@ -134,6 +128,21 @@ def _timed(lab, load: Load, playbook: str, *args: str) -> tuple[dict, object]:
     start = load.now()
     proc = lab.ansible_playbook(playbook, *args, check=False, timeout=900)
     return {"playbook": playbook, "rc": proc.returncode, **load.window(start, load.now())}, proc
+
+
+def _same_window(lab, host: str, name: str) -> dict:
+    """The newest deploy record of ``name`` on ``host``: the canary's and the old replica's numbers from the
+    same window, per gate."""
+    path = lab.ssh(host, f"ls -1 /var/lib/sglang-deploy/{name}/records/*.json | sort | tail -1").stdout.strip()
+    record = json.loads(lab.ssh(host, f"cat {path}").stdout)
+    assert record["same_window"] and record["same_window"]["bench"]["completed"] > 0, record.get("same_window")
+    out = {"outcome": record["outcome"], "old_replica_url": record["same_window"]["url"]}
+    for g in record["gates"]:
+        if g["gate"] in ("throughput", "acceptance"):
+            sw = g["details"]["same_window"]
+            out[g["gate"]] = {"canary": g["value"], "old_replica": sw["value"], "change_pct": sw["change_pct"],
+                              "last_good": g["baseline"], "verdict": g["verdict"], "compared": sw["compared"]}
+    return out
 
 
 def _active_since(lab, host: str, unit: str) -> str:
@@ -156,6 +165,7 @@ def test_replicas_roll_canary_first_with_no_failed_request(lab):
 
     routers = [f"http://{lab.address(h)}:{ROUTER_PORT}" for h in lab.hosts]
     phases: dict[str, dict] = {}
+    same_window: dict[str, dict] = {}
     router_since = {h: _active_since(lab, h, f"sglang-router-{ROUTER_PORT}.service") for h in lab.hosts}
     with Load(routers) as load:
         time.sleep(15)  # a window with both replicas in, the baseline of the dip
@@ -166,6 +176,10 @@ def test_replicas_roll_canary_first_with_no_failed_request(lab):
         for host in lab.hosts:
             assert f"ROLLED OUT on {host}: lab-replicas-b32, 2 replica(s)" in proc.stdout, proc.stdout[-3000:]
             assert [_budget(lab, host, p) for p in REPLICA_PORTS] == [32, 32]
+            # The b32 canary passed against the b15 replica it was benched with in the same window.
+            canary = _same_window(lab, host, "lab-replicas-b32-r0")
+            assert canary["outcome"] == "deployed" and canary["throughput"]["compared"], canary
+            same_window[f"a_b32_canary_{host}"] = canary
 
         r1_since = _active_since(lab, "lab1", "sglang-lab-replicas-b32-r1.service")
         lab2_since = _active_since(lab, "lab2", "sglang-lab-replicas-b32-r0.service")
@@ -173,26 +187,38 @@ def test_replicas_roll_canary_first_with_no_failed_request(lab):
         assert proc.returncode != 0
         assert "ROLLOUT STOPPED on lab1 at lab-replicas-b64-nofork-r0 (the canary)" in proc.stdout, proc.stdout[-3000:]
         assert "put back into the router" in proc.stdout
+        # The canary was benched side by side with the old replica (b32, replica 1) in the same window, and
+        # its gates compared it with both that and the last good record; the record holds both numbers.
+        assert f"below the old replica in the same window (http://{lab.address('lab1')}:{REPLICA_PORTS[1]})" \
+            in proc.stdout, proc.stdout[-3000:]
+        canary = _same_window(lab, "lab1", "lab-replicas-b64-nofork-r0")
+        assert canary["outcome"] == "rolled_back" and canary["acceptance"]["compared"], canary
+        assert canary["acceptance"]["old_replica"] > canary["acceptance"]["canary"], canary
+        same_window["b_b64_nofork_canary_lab1"] = canary
         # The canary is back on b32; replica 1 never stopped; lab2 was never touched (the rollout stopped).
         assert [_budget(lab, "lab1", p) for p in REPLICA_PORTS] == [32, 32]
         assert _active_since(lab, "lab1", "sglang-lab-replicas-b32-r1.service") == r1_since
         assert _active_since(lab, "lab2", "sglang-lab-replicas-b32-r0.service") == lab2_since
 
-        # (c) A manual rollback of each replica to b15, each taken out of the router first.
-        start = load.now()
-        for index, port in enumerate(REPLICA_PORTS):
-            _workers(lab, "absent", port)
-            lab.ansible_playbook("playbooks/rollback.yml", "-e", f"config=lab-replicas-b32-r{index}", timeout=900)
-            _workers(lab, "present", port)
-        phases["c_manual_rollback"] = load.window(start, load.now())
+        # (c) `make rollback CONFIG=lab-replicas-b32 SERIAL=2`: every replica back to b15, one at a time on each
+        # host (hosts two at a time), each taken out of its router by the rollback itself, switched back,
+        # health-checked, put back.
+        phases["c_manual_rollback"], proc = _timed(lab, load, "playbooks/rollback.yml", "-e", "config=lab-replicas-b32",
+                                                   "-e", "rollback_serial=2")
+        assert proc.returncode == 0, proc.stdout[-3000:]
         for host in lab.hosts:
+            assert (f"ROLLED BACK on {host}: lab-replicas-b32, 2 replica(s) one at a time (lab-replicas-b32-r0, "
+                    f"lab-replicas-b32-r1), each out of http://{lab.address(host)}:{ROUTER_PORT}") in proc.stdout, \
+                proc.stdout[-3000:]
             assert [_budget(lab, host, p) for p in REPLICA_PORTS] == [15, 15]
+            assert _listed(lab, host) == {f"http://{lab.address(host)}:{p}": True for p in REPLICA_PORTS}
         time.sleep(5)
     failed = [d for d in load.done if not d[3]]
     total = len(load.done)
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps({"requests": total, "failed": len(failed), "concurrency": CONCURRENCY,
-                                   "pace_s": PACE_S, "seconds": round(load.now(), 1), "phases": phases},
+                                   "pace_s": PACE_S, "seconds": round(load.now(), 1), "phases": phases,
+                                   "canary_same_window": same_window},
                                   indent=2) + "\n")
     assert total >= 300, f"only {total} requests in {load.now():.0f} s"
     assert not failed, f"{len(failed)} of {total} requests failed, first: {failed[:3]}"
@@ -204,6 +230,13 @@ def test_replicas_roll_canary_first_with_no_failed_request(lab):
     # The router itself never restarted through all of it.
     for host in lab.hosts:
         assert _active_since(lab, host, f"sglang-router-{ROUTER_PORT}.service") == router_since[host]
+    # 0.3.2 ignores HF_HUB_OFFLINE: the router's tokenizer lookups (the lab's model folders hold no tokenizer)
+    # went to the closed loopback port of HF_ENDPOINT, never to the Hub.
+    for host in lab.hosts:
+        invocation = lab.ssh(host, f"systemctl show -p InvocationID --value sglang-router-{ROUTER_PORT}.service").stdout
+        log = lab.ssh(host, f"journalctl --no-pager -o cat _SYSTEMD_INVOCATION_ID={invocation.strip()}").stdout
+        assert "huggingface.co" not in log, [line for line in log.splitlines() if "huggingface.co" in line][:2]
+        assert "http://127.0.0.1:9/api/models/" in log, log[-2000:]
     # testinfra (make verify) checks the router units: user, hardening, the pinned wheel, listeners, engines.
     verify = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
                              "tests/infra/test_router.py", "--hosts=ansible://gpu_hosts",

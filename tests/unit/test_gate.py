@@ -265,7 +265,7 @@ def gate_cli(*args: str) -> subprocess.CompletedProcess:
 
 
 REPORT_KEYS = {"schema", "url", "speculative", "passed", "failed_gates", "gates", "exactness", "bench", "baseline",
-               "thresholds", "started", "finished"}
+               "same_window", "thresholds", "started", "finished"}
 RESULT_KEYS = {"gate", "metric", "value", "threshold", "baseline", "verdict", "reason", "details"}
 
 

@@ -53,6 +53,29 @@ def test_a_failing_gate_is_a_return_value_and_the_baseline_is_the_last_good_reco
     assert "below the last good deploy" in result["report"]["gates"][1]["reason"]
 
 
+def test_a_canary_benched_beside_an_old_replica_fails_below_it_and_the_record_keeps_both(tmp_path):
+    """peer_url (the role sglang_replicas passes replica 1 for the canary): the same-window bench of the old
+    replica is a second baseline; the record built from the report holds both numbers."""
+    report = tmp_path / "gates.json"
+    with StubEngine(tokens=48, verify_ct=24) as canary, StubEngine(tokens=48, verify_ct=12) as old:
+        rc, result = run_module("sglang_gate", {
+            "url": canary.url, "peer_url": old.url, "speculative": True,
+            "thresholds": thresholds(min_accept_length=1.5), "config": "c-r0", "host": "h",
+            "records_dir": str(tmp_path / "records"), "report_path": str(report),
+            "gates": ["smoke", "acceptance"]}, tmp_path)
+        assert old.calls == 6  # the bench only: no smoke on the old replica
+    assert rc == 0, result
+    assert result["passed"] is False and result["failed_gates"] == ["acceptance"]
+    acc = result["report"]["gates"][1]
+    assert acc["reason"] == (f"accept_length 2 is 50.0% below the old replica in the same window ({old.url}) (4); "
+                             "allowed 10%")
+    assert any(line.startswith(f"same window, old replica {old.url}: ") for line in result["summary"])
+    rec = records.build_record(config="c-r0", host="h", release="r", outcome="rolled_back",
+                               started="2026-01-01T00:00:00Z", report=json.loads(report.read_text()))
+    assert rec["same_window"]["url"] == old.url and rec["same_window"]["bench"]["accept_length_mean"] == 4.0
+    assert rec["gates"][1]["details"]["same_window"]["value"] == 4.0
+
+
 def test_check_mode_measures_and_writes_nothing(tmp_path):
     rc, result = run_module("sglang_gate", {"url": "http://127.0.0.1:9", "speculative": True,
                                             "thresholds": thresholds(), "report_path": str(tmp_path / "r.json")},

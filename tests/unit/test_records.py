@@ -29,7 +29,8 @@ def rec(finished: str, outcome: str = "deployed", verdicts=("pass", "pass", "pas
 
 def test_a_record_has_the_documented_shape():
     r = rec("2026-01-01T10:05:00Z", rollback=None, message="ok")
-    assert list(r) == [*records.KEYS, "exactness"]  # exactness: optional (older records lack it)
+    # exactness, same_window: optional (older records lack them)
+    assert list(r) == [*records.KEYS, "exactness", "same_window"]
     assert r["schema"] == 1 and r["outcome"] == "deployed" and len(r["gates"]) == 3
     assert r["bench"]["tokens_per_s"] == 173.4
 

@@ -222,9 +222,36 @@ def test_the_router_unit_the_role_renders_is_hardened_and_parsed_back_by_status_
     assert parsed["argv"][:2] == ["/opt/sglang-router/0.3.2/venv/bin/python",
                                   "/opt/sglang-router/0.3.2/sglang_router_launch.py"]
     for line in ("User=sglang-router", "NoNewPrivileges=yes", "ProtectSystem=strict", "CapabilityBoundingSet=",
-                 "PrivateDevices=yes", "Restart=always"):
+                 "PrivateDevices=yes", "Restart=always",
+                 # 0.3.2 ignores HF_HUB_OFFLINE: its tokenizer lookups go to a closed loopback port, never the Hub.
+                 "Environment=HF_ENDPOINT=http://127.0.0.1:9"):
         assert line in text.splitlines(), line
     # Named by port, not config: the text is the same for every config on that port (no restart on a switch).
     values["sglang_router_config"] = "other"
     assert jinja2.Template((role / "templates" / "sglang-router.service.j2").read_text()).render(**values) == text
 
+
+
+def test_a_rollback_of_a_config_with_replicas_finds_each_replica_and_its_router(tmp_path):
+    """`make rollback CONFIG=<config>` of a config behind the router: every <config>-r<i>, in order, each with
+    the router whose unit lists it; CONFIG=<config>-r<i> one replica (still through its router); a config with
+    one engine, itself, behind no router."""
+    sys.path.insert(0, str(REPO / "collections" / "ansible_collections" / "sgdeploy" / "host" / "plugins" / "modules"))
+    import sglang_router_replicas as finder
+
+    state, units = tmp_path / "state", tmp_path / "units"
+    units.mkdir()
+    (units / "sglang-router-31200.service").write_text(
+        "[Service]\nExecStart=/opt/r/python launch.py --host 127.0.9.1 --port 31200 --prometheus-port 31205 "
+        "--worker-urls http://127.0.9.1:31201 http://127.0.9.1:31203 --policy round_robin\n")
+    for name, port in (("two-r1", 31203), ("two-r0", 31201), ("one", 30000), ("two-r10x", 1)):
+        (state / name).mkdir(parents=True)
+        (state / name / "current.json").write_text(json.dumps({"bind_address": "127.0.9.1", "ports": [port, port + 1]}))
+    found = finder.find(str(state), "two", str(units))
+    assert found == [{"name": f"two-r{i}", "url": f"http://127.0.9.1:{p}", "router_unit": "sglang-router-31200.service",
+                      "router_url": "http://127.0.9.1:31200"} for i, p in ((0, 31201), (1, 31203))]
+    assert [d["name"] for d in finder.find(str(state), "two-r1", str(units))] == ["two-r1"]
+    assert finder.find(str(state), "two-r1", str(units))[0]["router_url"] == "http://127.0.9.1:31200"
+    assert finder.find(str(state), "one", str(units)) == [{"name": "one", "url": "http://127.0.9.1:30000",
+                                                          "router_unit": None, "router_url": None}]
+    assert finder.find(str(state), "none", str(units)) == []

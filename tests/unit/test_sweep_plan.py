@@ -114,6 +114,19 @@ def test_a_non_ddtree_base_is_rejected(tmp_path, capsys, no_deploys):
     assert "Traceback" not in err and no_deploys == []
 
 
+def test_a_config_with_replicas_behind_the_router_is_refused_with_what_to_sweep_instead(tmp_path, capsys,
+                                                                                        no_deploys):
+    config = sweep.REPO_ROOT / "tests" / "lab" / "configs" / "lab-replicas-b15.yml"
+    code, out, err = run_main(capsys, "--config", str(config), "--budgets", "8 15", "--inventory",
+                              str(inventory(tmp_path)))
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert err.startswith(f"python -m sgdeploy.sweep: --config {config}: serving.replicas 2 behind the router on "
+                          "port 31200 is not swept"), err
+    assert ("sweep one engine instead: a config with 'extends: lab-replicas-b15' and serving: {replicas: 1, "
+            "router: false, gpus: [<1 free GPU(s)>], port: <a free port>}") in err
+    assert "Traceback" not in err and no_deploys == []
+
+
 def test_a_bad_budget_fails_before_any_deploy(tmp_path, capsys, no_deploys, monkeypatch):
     monkeypatch.setattr(sweep, "BUILD_DIR", tmp_path / "build")
     code, out, err = run_main(capsys, "--config", "ddtree-b15", "--budgets", "8 15 300", "--inventory",

@@ -53,6 +53,8 @@ def build_record(*, config: str, host: str, release: str, outcome: str, started:
         "gates": list((report or {}).get("gates") or []), "bench": (report or {}).get("bench"),
         "rollback": rollback, "message": message,
         "exactness": (report or {}).get("exactness"),  # the exactness gate's result (sgdeploy.exactness)
+        # A canary's old replica measured side by side with it ({"url", "bench"}; docs/router.md), or None.
+        "same_window": (report or {}).get("same_window"),
     }
 
 

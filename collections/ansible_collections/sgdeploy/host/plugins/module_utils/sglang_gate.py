@@ -11,6 +11,7 @@ The one implementation: the gate module (sgdeploy.host.sglang_gate) runs it on t
 
 from __future__ import annotations
 
+import threading
 import time
 import unicodedata
 from dataclasses import asdict, dataclass, field
@@ -166,8 +167,47 @@ def _measured_differently(gate: str, bench_d: dict, base: dict) -> str | None:
     return ", ".join(diffs) or None
 
 
+def _compare(value: float, base_value: float, metric: str, what: str, allowed: float,
+             reasons: list[str], problems: list[str]) -> float:
+    """Compare ``value`` with one baseline (``what`` names it), within ``allowed`` percent below it;
+    returns the change in percent."""
+    change = 100.0 * (value - base_value) / base_value
+    if -change > allowed:
+        problems.append(f"{metric} {_num(value)} is {-change:.1f}% below {what} ({_num(base_value)}); "
+                        f"allowed {allowed:g}%")
+    else:
+        direction = "below" if change < 0 else "above"
+        reasons.append(f"{abs(change):.1f}% {direction} {what} ({_num(base_value)}); allowed {allowed:g}% below")
+    return change
+
+
+def _same_window(gate: str, metric: str, value: float, bench_d: dict, peer: dict, thresholds: GateThresholds,
+                 base_key: str, reasons: list[str], problems: list[str]) -> dict:
+    """The canary against an old replica measured side by side with it (same prompts, same window):
+    its number is a second baseline, within the same ``max_regression_pct``. An old replica whose bench
+    did not complete enough requests, or that was measured differently, is not compared (recorded)."""
+    what = f"the old replica in the same window ({peer.get('url')})"
+    out = {"url": peer.get("url"), "value": None, "change_pct": None, "compared": False}
+    raw = peer.get(base_key)
+    differs = _measured_differently(gate, bench_d, peer)
+    if peer.get("completed_fraction", 0.0) < thresholds.min_completed_fraction:
+        reasons.append(f"{what}: only {peer.get('completed')} of {peer.get('requests')} of its bench requests "
+                       "completed: not compared")
+    elif differs:
+        reasons.append(f"{what} measured differently ({differs}): not compared")
+    elif not isinstance(raw, int | float) or raw <= 0:
+        reasons.append(f"{what} has no usable {metric} ({raw!r}): not compared")
+    else:
+        out["value"] = float(raw)
+        out["change_pct"] = round(_compare(value, float(raw), metric, what, thresholds.max_regression_pct,
+                                           reasons, problems), 2)
+        out["compared"] = True
+    return out
+
+
 def _judge(gate: str, metric: str, value: float, threshold: float | None, bench_d: dict,
-           baseline: dict | None, thresholds: GateThresholds, base_key: str) -> GateResult:
+           baseline: dict | None, thresholds: GateThresholds, base_key: str,
+           peer: dict | None = None) -> GateResult:
     reasons, problems = [], []
     if threshold is not None:
         if value < threshold:
@@ -190,18 +230,15 @@ def _judge(gate: str, metric: str, value: float, threshold: float | None, bench_
             reasons.append(f"last good deploy has no usable {metric} ({raw!r}): not compared")
         else:
             base_value = float(raw)
-            change = 100.0 * (value - base_value) / base_value
-            allowed = thresholds.max_regression_pct
-            if -change > allowed:
-                problems.append(f"{metric} {_num(value)} is {-change:.1f}% below the last good deploy "
-                                f"({_num(base_value)}); allowed {allowed:g}%")
-            else:
-                direction = "below" if change < 0 else "above"
-                reasons.append(f"{abs(change):.1f}% {direction} the last good deploy ({_num(base_value)}); "
-                               f"allowed {allowed:g}% below")
+            _compare(value, base_value, metric, "the last good deploy", thresholds.max_regression_pct,
+                     reasons, problems)
+    details = {}
+    if peer is not None:
+        details["same_window"] = _same_window(gate, metric, value, bench_d, peer, thresholds, base_key,
+                                              reasons, problems)
     if problems:
-        return GateResult(gate, metric, value, threshold, base_value, FAIL, "; ".join(problems))
-    return GateResult(gate, metric, value, threshold, base_value, PASS, "; ".join(reasons))
+        return GateResult(gate, metric, value, threshold, base_value, FAIL, "; ".join(problems), details)
+    return GateResult(gate, metric, value, threshold, base_value, PASS, "; ".join(reasons), details)
 
 
 def _too_few(gate: str, metric: str, threshold: float | None, bench_d: dict,
@@ -218,18 +255,22 @@ def _too_few(gate: str, metric: str, threshold: float | None, bench_d: dict,
 
 
 def throughput(bench_result: bench.BenchResult | dict, thresholds: GateThresholds,
-               baseline: bench.BenchResult | dict | None = None) -> GateResult:
-    """Tokens/s of the bench against ``min_tokens_per_s`` and the baseline bench (or record)."""
-    b, base = _bench_dict(bench_result), _bench_dict(baseline)
+               baseline: bench.BenchResult | dict | None = None,
+               peer: bench.BenchResult | dict | None = None) -> GateResult:
+    """Tokens/s of the bench against ``min_tokens_per_s``, the baseline bench (or record) and, for a canary,
+    ``peer``: the bench of an old replica run side by side with it in the same window."""
+    b, base, other = _bench_dict(bench_result), _bench_dict(baseline), _bench_dict(peer)
     threshold = thresholds.min_tokens_per_s
     return (_too_few("throughput", "tokens_per_s", threshold, b, thresholds)
             or _judge("throughput", "tokens_per_s", float(b["tokens_per_s"]), threshold, b, base, thresholds,
-                      "tokens_per_s"))
+                      "tokens_per_s", other))
 
 
 def acceptance(bench_result: bench.BenchResult | dict, thresholds: GateThresholds,
-               baseline: bench.BenchResult | dict | None = None, speculative: bool = True) -> GateResult:
-    """Mean accept length of the bench against ``min_accept_length`` and the baseline.
+               baseline: bench.BenchResult | dict | None = None, speculative: bool = True,
+               peer: bench.BenchResult | dict | None = None) -> GateResult:
+    """Mean accept length of the bench against ``min_accept_length``, the baseline and (a canary) ``peer``,
+    the same-window bench of an old replica.
 
     A non-speculative config passes with the reason "not speculative": it accepts exactly one
     token per step by construction, and there is nothing to measure.
@@ -238,7 +279,7 @@ def acceptance(bench_result: bench.BenchResult | dict, thresholds: GateThreshold
     if not speculative:
         return GateResult("acceptance", "accept_length", None, threshold, None, PASS,
                           "not speculative: one token per step by construction, nothing to gate")
-    b, base = _bench_dict(bench_result), _bench_dict(baseline)
+    b, base, other = _bench_dict(bench_result), _bench_dict(baseline), _bench_dict(peer)
     too_few = _too_few("acceptance", "accept_length", threshold, b, thresholds)
     if too_few:
         return too_few
@@ -247,9 +288,9 @@ def acceptance(bench_result: bench.BenchResult | dict, thresholds: GateThreshold
                           "no completed request reported spec_verify_ct or spec_accept_length: "
                           "speculative decoding is not running")
     result = _judge("acceptance", "accept_length", float(b["accept_length_mean"]), threshold, b, base,
-                    thresholds, "accept_length_mean")
-    result.details = {"stdev": b.get("accept_length_stdev"), "requests": b.get("accept_length_requests"),
-                      "step_time_ms_mean": b.get("step_time_ms_mean")}
+                    thresholds, "accept_length_mean", other)
+    result.details.update({"stdev": b.get("accept_length_stdev"), "requests": b.get("accept_length_requests"),
+                           "step_time_ms_mean": b.get("step_time_ms_mean")})
     return result
 
 
@@ -348,6 +389,9 @@ class GateReport:
     finished: str = ""
     exactness: GateResult | None = None  # recorded apart from the gates list (docs/gates.md)
     exactness_enforced: bool = True  # False: the verdict is recorded, never blocks (the sweep's variants)
+    # A canary's second baseline: an old replica's bench run side by side with the canary's (same prompts,
+    # same counts, the same window); None when no old replica was named (peer_url).
+    peer_bench: bench.BenchResult | None = None
 
     @property
     def exactness_blocks(self) -> bool:
@@ -382,6 +426,8 @@ class GateReport:
         lines = self.summary().splitlines()
         if self.bench:
             lines.append(f"bench      {self.bench.summary()}")
+        if self.peer_bench:
+            lines.append(f"same window, old replica {self.peer_bench.url}: {self.peer_bench.summary()}")
         lines.append("gates passed" if self.passed else f"gates failed: {', '.join(self.failed_gates)}")
         return lines
 
@@ -391,8 +437,41 @@ class GateReport:
             "failed_gates": self.failed_gates, "gates": [r.to_dict() for r in self.results],
             "exactness": self.exactness.to_dict() if self.exactness else None,
             "bench": self.bench.to_dict() if self.bench else None, "baseline": self.baseline,
+            "same_window": _same_window_record(self.peer_bench),
             "thresholds": self.thresholds.to_dict(), "started": self.started, "finished": self.finished,
         }
+
+
+def _same_window_record(peer: bench.BenchResult | None) -> dict | None:
+    """What a record keeps of the old replica's same-window bench (its samples left out)."""
+    if peer is None:
+        return None
+    return {"url": peer.url, "bench": {k: v for k, v in peer.to_dict().items() if k != "samples"}}
+
+
+def side_by_side(base_url: str, peer_url: str, prompts: list[bench.Prompt] | None, thresholds: GateThresholds,
+                 timeout: float) -> tuple[bench.BenchResult, bench.BenchResult]:
+    """The same bench (prompts, requests, concurrency, tokens) against the candidate and an old replica at
+    the same time, each in its own thread and both bounded by ``timeout``: two numbers from one window."""
+    args = (prompts, thresholds.bench_requests, thresholds.bench_concurrency, thresholds.bench_max_tokens, timeout)
+    out: dict[str, bench.BenchResult | Exception] = {}
+
+    def measure(key: str, url: str) -> None:
+        try:
+            out[key] = bench.run(url, *args)
+        except Exception as err:  # noqa: BLE001 - handed to the caller's thread below
+            out[key] = err
+
+    threads = [threading.Thread(target=measure, args=(k, u), daemon=True)
+               for k, u in (("candidate", base_url), ("peer", peer_url))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for key in ("candidate", "peer"):
+        if isinstance(out[key], Exception):
+            raise out[key]
+    return out["candidate"], out["peer"]
 
 
 def _baseline_info(record: dict | None) -> dict | None:
@@ -404,12 +483,16 @@ def _baseline_info(record: dict | None) -> dict | None:
 def run_all(base_url: str, thresholds: GateThresholds, speculative: bool, baseline_record: dict | None = None,
             only: list[str] | tuple[str, ...] | None = None, prompts: list[bench.Prompt] | None = None,
             bench_timeout: float = 600.0, smoke_timeout: float = 120.0,
-            exactness_target: ExactnessTarget | None = None, exactness_enforced: bool = True) -> GateReport:
+            exactness_target: ExactnessTarget | None = None, exactness_enforced: bool = True,
+            peer_url: str | None = None) -> GateReport:
     """Smoke first; when it fails, the others are inconclusive and no bench runs. Then, for a speculative
     config, the exactness gate (when ``exactness_target`` says where references are). Then one bench run
     shared by the throughput and acceptance gates. A non-speculative config whose gates all passed records
-    the reference of its model instead. ``only`` limits the gates (smoke always runs first when selected)."""
+    the reference of its model instead. ``only`` limits the gates (smoke always runs first when selected).
+    With ``peer_url`` (a canary: an old replica of the same config), the bench runs against both side by
+    side in the same window, and the old replica's numbers are a second baseline (docs/router.md)."""
     base_url = serving.check_url(base_url)
+    peer_url = serving.check_url(peer_url) if peer_url else None
     unknown = set(only or ()) - set(ALL_GATES)
     if unknown:
         raise GateError(f"--only {sorted(unknown)[0]!r} is not a gate; allowed: {', '.join(ALL_GATES)}")
@@ -431,13 +514,17 @@ def run_all(base_url: str, thresholds: GateThresholds, speculative: bool, baseli
             report.results.append(GateResult(g, metric, None, threshold, None, INCONCLUSIVE,
                                              "skipped: the smoke gate failed"))
     elif rest:
-        report.bench = bench.run(base_url, prompts, thresholds.bench_requests, thresholds.bench_concurrency,
-                                 thresholds.bench_max_tokens, bench_timeout)
+        if peer_url:
+            report.bench, report.peer_bench = side_by_side(base_url, peer_url, prompts, thresholds, bench_timeout)
+        else:
+            report.bench = bench.run(base_url, prompts, thresholds.bench_requests, thresholds.bench_concurrency,
+                                     thresholds.bench_max_tokens, bench_timeout)
         base = _bench_dict(baseline_record) if baseline_record else None
+        peer = report.peer_bench.to_dict() if report.peer_bench else None
         if "throughput" in rest:
-            report.results.append(throughput(report.bench, thresholds, base))
+            report.results.append(throughput(report.bench, thresholds, base, peer))
         if "acceptance" in rest:
-            report.results.append(acceptance(report.bench, thresholds, base, speculative))
+            report.results.append(acceptance(report.bench, thresholds, base, speculative, peer))
     if exact and not speculative:
         report.exactness = (record_reference(base_url, thresholds, exactness_target, bench_timeout)
                             if report.passed else

@@ -10,7 +10,8 @@ description:
     config, the exactness gate against the reference of its model in O(references_dir); then one bench run
     shared by the throughput and acceptance gates. A non-speculative config whose gates all passed records
     the reference of its model instead (docs/gates.md).
-  - The baseline is the last good deploy of O(config) on O(host) in O(records_dir).
+  - The baseline is the last good deploy of O(config) on O(host) in O(records_dir); with O(peer_url), also
+    the old replica's bench measured in the same window.
   - The same code as the controller's C(sgdeploy gate) (module_utils C(sglang_gate)).
   - Never fails the task because a gate failed; the verdicts are return values (R(passed), R(failed_gates)).
     Fails only on bad input.
@@ -43,6 +44,11 @@ options:
   report_path: {description: Write the gate report here (atomically)., type: path}
   bench_timeout_s: {description: Seconds for the bench run and for the exactness requests., type: float,
                     default: 600}
+  peer_url:
+    description: A canary's old replica (http://HOST:PORT, a replica of the same config still on the old one).
+      The bench runs against O(url) and it side by side, in the same window with the same prompts, and its
+      numbers are a second baseline of the throughput and acceptance gates (docs/router.md).
+    type: str
 """
 
 RETURN = r"""
@@ -69,6 +75,7 @@ def main():
             models=dict(type="list", elements="dict", default=[]), records_dir=dict(type="path"),
             references_dir=dict(type="path"), exactness_enforced=dict(type="bool", default=True),
             report_path=dict(type="path"), bench_timeout_s=dict(type="float", default=600.0),
+            peer_url=dict(type="str"),
         ),
         supports_check_mode=True,
     )
@@ -87,7 +94,7 @@ def main():
     try:
         report = gates.run_all(p["url"], thresholds, p["speculative"], found[1] if found else None, p["gates"],
                                bench_timeout=p["bench_timeout_s"], exactness_target=target,
-                               exactness_enforced=p["exactness_enforced"])
+                               exactness_enforced=p["exactness_enforced"], peer_url=p["peer_url"] or None)
     except (gates.GateError, gates.serving.UsageError) as err:
         module.fail_json(msg=f"gates: {err}")
     data = report.to_dict()
