@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Run the lab integration tests on two labs at once (they mostly wait on SSH, systemd and the
 # simulated engine, so two streams finish in about half the time on a 2-core machine):
-#   lab A (LAB_NET, default 127.0.1): deploy, engine-in-a-unit, verify, release, the lab itself, router, signals during the gates and the port wait
+#   lab A (LAB_NET, default 127.0.1): deploy, engine-in-a-unit, verify, release, the lab itself, router,
+#                                     signals during the gates and the port wait, bad config strings via make
 #   lab B (127.0.2):                  provisioning (reboots hosts), models, sweep, the fault matrix
 # Both labs are taken down at the end, also when tests fail. Exit status: the worse of the two.
 set -uo pipefail

@@ -19,7 +19,8 @@ pytestmark = pytest.mark.lab
 # SIGTERM, so the switch sits in its wait for the stopped unit and the free port.
 LONG_REQUEST = ("setsid curl -s -o /dev/null -X POST http://ADDRESS:30000/generate "
                 "-H 'Content-Type: application/json' "
-                "-d '{\"text\": \"Hello\", \"sampling_params\": {\"max_new_tokens\": 4000}}' </dev/null >/dev/null 2>&1 &")
+                "-d '{\"text\": \"Hello\", \"sampling_params\": {\"max_new_tokens\": 4000}}' "
+                "</dev/null >/dev/null 2>&1 &")
 STEPS = {
     # The gates of ddtree-b32 (replacing the baseline on its port) run for several seconds in the lab.
     "gates": dict(step="gating", config="ddtree-b32"),
