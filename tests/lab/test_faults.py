@@ -103,7 +103,8 @@ def a_signal_is_rolled_back_by_the_next_deploy(lab, sig: int, step: str, config:
     """Send `sig` to ansible-playbook deploying `config` once the switch journal is at `step` (and the
     host condition `during` holds; `meanwhile` runs on the host as soon as the journal exists), then:
     status names the interrupted switch, the next deploy takes the lock over with a message, rolls
-    the switch back and serves the baseline, and the record says what happened."""
+    the switch back and serves the baseline, no job of the interrupted run is left on the host, and the
+    record says what happened."""
     lab_config = LAB_CONFIGS / f"{config}.yml"  # a lab config, or else one of configs/
     first = start_deploy(lab, str(lab_config) if lab_config.exists() else config)
     try:
@@ -127,6 +128,8 @@ def a_signal_is_rolled_back_by_the_next_deploy(lab, sig: int, step: str, config:
     assert table.returncode == 0, output_of(table)[-3000:]
     row = next((line for line in table.stdout.splitlines() if f'"{config} ' in line and " lab1 " in line), "")
     assert " rolled_back " in row, table.stdout[-3000:]
+    # Nothing of the interrupted run goes on (its gate job ran detached on the host).
+    assert lab.ssh("lab1", "pgrep -af '[A]nsiballZ_sglang_gate'", check=False).stdout == ""
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL], ids=["SIGINT", "SIGTERM", "SIGKILL"])
