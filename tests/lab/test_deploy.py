@@ -68,6 +68,13 @@ def output_of(proc) -> str:
     return proc.stdout + proc.stderr
 
 
+def deployed_line(out: str, host: str = "lab1") -> str:
+    """The DEPLOYED message of a deploy's output: one line, its sentences separated."""
+    line = next((line for line in out.splitlines() if f'"msg": "DEPLOYED on {host}: ' in line), "")
+    assert line and "  " not in line.strip(), out[-3000:]
+    return line
+
+
 RESET = ("for u in $(systemctl list-unit-files 'sglang-*' --no-legend | cut -d' ' -f1); do "
          "systemctl disable --now $u; done; rm -f /etc/systemd/system/sglang-*.service /etc/sglang/*.env; "
          "rm -rf /var/lib/sglang-deploy /run/sglang-deploy.lock; systemctl daemon-reload")
@@ -93,6 +100,9 @@ def test_ddtree_b15_deploys_and_passes_its_gates(lab):
     assert record["outcome"] == "deployed"
     assert {g["gate"]: g["verdict"] for g in record["gates"]} == {
         "smoke": "pass", "throughput": "pass", "acceptance": "pass"}
+    # The gates, then how long it took, as two sentences.
+    assert re.search(r"\. smoke PASS [^\"]*; acceptance PASS [^\"]*[^.]\. The service started in [0-9.]+ s "
+                     r"\(nothing was stopped for it\)\.\"$", deployed_line(proc.stdout)), deployed_line(proc.stdout)
     assert re.fullmatch(r"[0-9a-fx][0-9a-f]{11}", record["release"]), record["release"]  # the series hash
     # The record was fetched to the controller.
     fetched = list((REPO / "reports" / "deploys" / "lab1").glob("*.json"))
@@ -213,6 +223,7 @@ def test_rollback_by_hand_returns_to_the_previous_deploy(lab):
     proc = deploy(lab, "ddtree-b32")
     assert proc.returncode == 0, output_of(proc)[-3000:]
     assert server_info(lab, "lab1")["speculative_ddtree_budget"] == 32
+    assert re.search(r"[^.]\. The service was down for [0-9.]+ s \(one replica: ", deployed_line(proc.stdout))
     proc = lab.ansible_playbook("playbooks/rollback.yml", "-e", "config=ddtree-b32", "--limit", "lab1", check=False)
     assert proc.returncode == 0, output_of(proc)[-3000:]
     assert "ddtree-b32 rolled back to ddtree-b15" in proc.stdout

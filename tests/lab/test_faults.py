@@ -80,34 +80,61 @@ def baseline(lab):
     yield
 
 
-def recovering_deploy(lab) -> str:
-    """The next deploy of the baseline: it must finish the interrupted switch by itself."""
+def recovering_deploy(lab, config: str = "lab-slow-start") -> str:
+    """The next deploy of the baseline: it must finish the interrupted switch to `config` by itself."""
     proc = deploy(lab, "ddtree-b15")
     out = output_of(proc)
     assert proc.returncode == 0, out[-4000:]
-    assert "RECOVERED on lab1: found an interrupted switch to lab-slow-start" in out, out[-4000:]
+    assert f"RECOVERED on lab1: found an interrupted switch to {config}" in out, out[-4000:]
     assert_baseline_serves(lab)
-    assert active_unit(lab, "lab1", SLOW) != "active"
-    assert lab.ssh("lab1", f"test -e /etc/systemd/system/{SLOW}", check=False).returncode != 0
+    unit = f"sglang-{config}.service"
+    assert active_unit(lab, "lab1", unit) != "active"
+    assert lab.ssh("lab1", f"test -e /etc/systemd/system/{unit}", check=False).returncode != 0
     assert_no_lock(lab)
     return out
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL], ids=["SIGINT", "SIGTERM", "SIGKILL"])
-def test_a_signal_during_the_health_wait_is_rolled_back_by_the_next_deploy(lab, sig):
-    first = start_deploy(lab, str(LAB_CONFIGS / "lab-slow-start.yml"))
+def journal_at(step: str) -> str:
+    return f"grep -q '\"step\": \"{step}\"' {STATE}/txn/journal.json"
+
+
+def a_signal_is_rolled_back_by_the_next_deploy(lab, sig: int, step: str, config: str = "lab-slow-start",
+                                               during: str = "", meanwhile: str = "") -> None:
+    """Send `sig` to ansible-playbook deploying `config` once the switch journal is at `step` (and the
+    host condition `during` holds; `meanwhile` runs on the host as soon as the journal exists), then:
+    status names the interrupted switch, the next deploy takes the lock over with a message, rolls
+    the switch back and serves the baseline, no job of the interrupted run is left on the host, and the
+    record says what happened."""
+    lab_config = LAB_CONFIGS / f"{config}.yml"  # a lab config, or else one of configs/
+    first = start_deploy(lab, str(lab_config) if lab_config.exists() else config)
     try:
-        wait_on_host(lab, f"grep -q '\"step\": \"started\"' {STATE}/txn/journal.json")
+        if meanwhile:
+            wait_on_host(lab, f"test -e {STATE}/txn/journal.json && ( {meanwhile} )", seconds=240)
+        wait_on_host(lab, journal_at(step) + (f" && {during}" if during else ""), seconds=240)
         time.sleep(2)
     finally:
         interrupt(first, sig)
     status = lab.ansible_playbook("playbooks/status.yml", "--limit", "lab1", check=False)
-    assert "INTERRUPTED: found an interrupted switch to lab-slow-start" in status.stdout, output_of(status)[-3000:]
-    out = recovering_deploy(lab)
-    assert "took over the deploy lock" in out
-    record = newest_record(lab, "lab-slow-start")
-    assert record["outcome"] == "rolled_back" and record["rollback"]["interrupted_step"] == "started"
-    assert "interrupted switch" in record["message"]
+    assert f"INTERRUPTED: found an interrupted switch to {config} (run " in status.stdout, output_of(status)[-3000:]
+    assert f"step {step} since" in status.stdout, output_of(status)[-3000:]
+    out = recovering_deploy(lab, config)
+    assert "took over the deploy lock" in out and "its controller process is gone" in out, out[-4000:]
+    record = newest_record(lab, config)
+    assert record["outcome"] == "rolled_back" and record["rollback"]["interrupted_step"] == step, record
+    assert "interrupted switch" in record["message"] and record["rollback"]["restored"] == [B15], record
+    # `make status` (all hosts: its table runs on localhost) lists the interrupted config as rolled back.
+    table = subprocess.run(["make", "-s", "--no-print-directory", "status", f"INVENTORY={lab.inventory}"], cwd=REPO,
+                           env=lab.ansible_env(), text=True, capture_output=True, timeout=300, check=False)
+    assert table.returncode == 0, output_of(table)[-3000:]
+    row = next((line for line in table.stdout.splitlines() if f'"{config} ' in line and " lab1 " in line), "")
+    assert " rolled_back " in row, table.stdout[-3000:]
+    # Nothing of the interrupted run goes on (its gate job ran detached on the host).
+    assert lab.ssh("lab1", "pgrep -af '[A]nsiballZ_sglang_gate'", check=False).stdout == ""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL], ids=["SIGINT", "SIGTERM", "SIGKILL"])
+def test_a_signal_during_the_health_wait_is_rolled_back_by_the_next_deploy(lab, sig):
+    a_signal_is_rolled_back_by_the_next_deploy(lab, sig, "started")
 
 
 def reboot_and_wait(lab, host: str = "lab1") -> None:
@@ -125,7 +152,7 @@ def reboot_and_wait(lab, host: str = "lab1") -> None:
 def test_sigkill_of_the_controller_during_the_gates_then_a_reboot(lab):
     first = start_deploy(lab, str(LAB_CONFIGS / "lab-slow-start.yml"))
     try:
-        wait_on_host(lab, f"grep -q '\"step\": \"gating\"' {STATE}/txn/journal.json", seconds=240)
+        wait_on_host(lab, journal_at("gating"), seconds=240)
     finally:
         interrupt(first, signal.SIGKILL)
     reboot_and_wait(lab)
@@ -140,7 +167,7 @@ def test_sigkill_of_the_controller_during_the_gates_then_a_reboot(lab):
 def test_a_reboot_of_the_host_during_the_gates_leaves_the_old_service_and_the_next_deploy_recovers(lab):
     first = start_deploy(lab, str(LAB_CONFIGS / "lab-slow-start.yml"))
     try:
-        wait_on_host(lab, f"grep -q '\"step\": \"gating\"' {STATE}/txn/journal.json", seconds=240)
+        wait_on_host(lab, journal_at("gating"), seconds=240)
         reboot_and_wait(lab)  # the run goes on against a host that went away under it
         out, _ = first.communicate(timeout=600)
     finally:
@@ -175,7 +202,7 @@ def in_host(lab, command: str, host: str = "lab1") -> subprocess.CompletedProces
 def test_an_unreachable_host_mid_deploy_is_named_and_the_next_deploy_recovers(lab):
     first = start_deploy(lab, str(LAB_CONFIGS / "lab-slow-start.yml"))
     try:
-        wait_on_host(lab, f"grep -q '\"step\": \"started\"' {STATE}/txn/journal.json")
+        wait_on_host(lab, journal_at("started"))
         # sshd goes, and every ssh session with it (the controller's multiplexed connection too).
         # The sessions stay in ssh.service's cgroup after the stop (KillMode=process): end those.
         in_host(lab, "systemctl stop ssh.service; for p in $(cat /sys/fs/cgroup/systemd/system.slice/ssh.service/"
@@ -277,7 +304,7 @@ def test_a_full_disk_under_the_state_folder_leaves_the_old_service_serving(lab):
     try:
         run = start_deploy(lab, str(LAB_CONFIGS / "lab-never-healthy.yml"))
         try:
-            wait_on_host(lab, f"grep -q '\"step\": \"started\"' {STATE}/txn/journal.json")
+            wait_on_host(lab, journal_at("started"))
             lab.ssh("lab1", f"dd if=/dev/zero of={STATE}/fill bs=64k 2>/dev/null; true")
         finally:
             out, _ = run.communicate(timeout=300)
