@@ -48,8 +48,9 @@ export $(USER_VARS) INV
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-# Shell snippets. LIMIT_ARG: `--limit "$LIMIT"` when LIMIT is set (two words, the value intact).
-LIMIT_ARG := $${LIMIT:+--limit "$$LIMIT"}
+# Shell snippets. LIMIT_ARG: `--limit "$LIMIT,localhost"` when LIMIT is set (two words, the value intact;
+# localhost so that the controller's plays, config checks and summaries, still run under LIMIT=).
+LIMIT_ARG := $${LIMIT:+--limit "$$LIMIT,localhost"}
 # A config is a name from configs/ or the path of a YAML file; anything else stops here (exit 2)
 # before any program runs.
 CONFIG_ALLOWED := a config name from configs/ (lower-case letters, digits, '.', '_', '-'; e.g. ddtree-b15) \

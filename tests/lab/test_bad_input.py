@@ -76,3 +76,17 @@ def test_a_description_with_unit_lines_is_refused_by_make(lab, host_unchanged, t
         line = refused(lab, target, str(config))
         assert line.startswith(f"{config}: description: 'x\\n[Service]\\nExecStartPre=+/bin/touch /tmp/pwned': "), line
         assert "one line of printable text, without newline" in line and "(found '\\n')" in line, line
+
+
+def test_ansible_playbook_under_limit_refuses_the_description_in_one_message(lab, host_unchanged, tmp_path):
+    """Without make, under --limit (the controller's check play does not run then): the deploy play stops on
+    the renderer's one line, before any host task."""
+    config = tmp_path / "evil-description.yml"
+    config.write_text('extends: ddtree-b15\ndescription: "x\\n[Service]\\nExecStartPre=+/bin/touch /tmp/pwned"\n')
+    proc = lab.ansible_playbook("playbooks/deploy.yml", "--limit", "lab1", "-e", f"config={config}", check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "Traceback" not in out, out[-3000:]
+    fatal = [line for line in out.splitlines() if line.startswith("fatal: ")]
+    assert len(fatal) == 1, out[-3000:]
+    assert '"msg": "' + str(config) + ": description: " in fatal[0], fatal[0]
+    assert "one line of printable text, without newline" in fatal[0] and '"rc"' not in fatal[0], fatal[0]

@@ -122,8 +122,8 @@ def test_every_other_variable_reaches_its_program_as_one_argument(recorded, tmp_
                            f"SERIAL=1$(touch {marker})")
     assert proc.returncode == 0, proc.stderr
     assert calls == [["sgdeploy", "validate", "ddtree-b15"],
-                     ["ansible-playbook", "-i", f"inv.yml{evil}", "--limit", f"gpu-01{evil}", "playbooks/deploy.yml",
-                      "-e", "config=ddtree-b15", "-e", f"deploy_serial=1$(touch {marker})"]]
+                     ["ansible-playbook", "-i", f"inv.yml{evil}", "--limit", f"gpu-01{evil},localhost",
+                      "playbooks/deploy.yml", "-e", "config=ddtree-b15", "-e", f"deploy_serial=1$(touch {marker})"]]
     proc, calls = recorded("sweep", "CONFIG=ddtree-b15", "INVENTORY=inv.yml", f"HOST=lab1`touch {marker}`",
                            f"BUDGETS=8 15{evil}", f"TOPK_CAPS=4{evil}", f"CLIFF_DROP=0.2{evil}",
                            f"TIE_TOLERANCE=$(shell touch {marker})")
@@ -136,7 +136,9 @@ def test_every_other_variable_reaches_its_program_as_one_argument(recorded, tmp_
     assert calls == [["sgdeploy", "gate", "ddtree-b15", "--inventory", "inv.yml", "--host", f"lab1{evil}"]]
     for target in ("status", "provision"):
         proc, calls = recorded(target, f"INVENTORY=inv.yml{evil}", f"LIMIT=a{evil}")
-        assert calls == [["ansible-playbook", "-i", f"inv.yml{evil}", "--limit", f"a{evil}", f"playbooks/{target}.yml"]]
+        # localhost too: the controller's plays (config check, status table) still run under LIMIT=
+        assert calls == [["ansible-playbook", "-i", f"inv.yml{evil}", "--limit", f"a{evil},localhost",
+                          f"playbooks/{target}.yml"]]
     assert not marker.exists()
 
 
