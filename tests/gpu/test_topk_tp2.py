@@ -27,6 +27,7 @@ which. Results: ``OUT/topk_tp2.json``; exit status 1 when a check failed.
 
     python3 tests/gpu/test_topk_tp2.py --out DIR                              # two GPUs, NCCL
     python3 tests/gpu/test_topk_tp2.py --out DIR --backend gloo --device cpu  # CPU, small shapes
+    ... --backend gloo --device cpu --interpret    # and the fused kernel's TP merge under Triton's interpreter
 
 ``--fault`` (test equipment for tests/unit/test_topk_tp2_cpu.py) gives the ranks a deliberately wrong shim, so
 the unit test can show the checks catch a broken merge: ``offset`` (every rank says its shard starts at id 0),
@@ -247,8 +248,38 @@ def _bcast(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
+# The interpreter's tiles (tests/unit/test_fused_topk_cpu.py's TRITON): small, so that a shard has several.
+INTERPRET_CONFIG = {"path": "triton", "BN": 16, "BV": 128, "BK": 32, "num_warps": 4, "num_stages": 1}
+
+
+def interpreted_fused(rank, group, w, hidden, head, si, vocab, k) -> dict:
+    """--interpret (CPU): the fused kernel's own TP merge (fused_depth_topk with this rank's shard and the
+    tp_group: one packed all_gather along dim 0) under Triton's interpreter, in fp16 (the interpreter has no
+    bf16). depth_topk_logprobs takes the fused path only for CUDA tensors, so the kernel module is called
+    directly with the arguments depth_topk_logprobs passes it."""
+    kmod = load_module(ROOTS, "sglang.srt.speculative.fused_depth_topk")
+    w16, h16 = w.to(torch.float16), hidden.to(torch.float16)
+    start, rows = int(si.org_vocab_start_index), int(si.num_org_elements)
+    lp, ids = kmod.fused_depth_topk(h16, head.weight.to(torch.float16), k, vocab_size=rows, vocab_start=start,
+                                    tp_group=group, config=INTERPRET_CONFIG)
+    if rank != 0:
+        return {}
+    lp1, ids1 = kmod.fused_depth_topk(h16, w16, k, config=INTERPRET_CONFIG)
+    rec, errors = {"dtype": "torch.float16", "fused_kernel": True}, []
+    for key, fn in (("tp1", lambda: check_tp1(lp, ids, lp1, ids1)),
+                    ("f64", lambda: check_f64(lp, ids, h16, w16.double(), k, vocab, LP_TOL)),
+                    ("tp1_f64", lambda: check_f64(lp1, ids1, h16, w16.double(), k, vocab, LP_TOL))):
+        try:
+            rec[key] = fn()
+        except AssertionError as exc:
+            errors.append(f"{key}: {exc}")
+    return {**rec, "ok": not errors, "error": "; ".join(errors) or None}
+
+
 def run_rank(rank: int, args: argparse.Namespace, port: int) -> None:
     os.environ.update(NO_MULTICAST)
+    if args.interpret:
+        os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported (the kernel module imports it)
     dev = torch.device(args.device, rank) if args.device == "cuda" else torch.device("cpu")
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
@@ -279,8 +310,12 @@ def run_rank(rank: int, args: argparse.Namespace, port: int) -> None:
         for fused in (True, False):
             label = f"{name} {'fused' if fused else 'torch'}"
             if fused and dev.type != "cuda":
-                if rank == 0:
+                if args.interpret:
+                    rec = interpreted_fused(rank, group, w, hidden, head, si, vocab, k)
+                    results.append({"case": f"{label} (Triton interpreter)", **rec}) if rank == 0 else None
+                elif rank == 0:
                     results.append({"case": label, "skipped": "the fused kernel runs on CUDA only"})
+                dist.barrier()
                 continue
             rec = {"case": label, "vocab": vocab, "hidden": h, "rows": n, "k": k, "dtype": str(dtype),
                    "shard_rank0": [0, shard_indices(vocab, 0, TP).num_org_elements],
@@ -380,6 +415,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cases", nargs="*", help="only these case names")
     ap.add_argument("--reps", type=int, default=50, help="timed calls per timing")
     ap.add_argument("--no-timing", action="store_true")
+    ap.add_argument("--interpret", action="store_true",
+                    help="CPU: also the fused kernel's TP merge under Triton's interpreter (slow; small shapes)")
     ap.add_argument("--edge", action="store_true", help="add the vocabulary-16 case (rank 1 empty; see EDGE_CASES)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--timeout", type=int, default=300, help="seconds a collective may wait")
@@ -388,6 +425,9 @@ def main(argv: list[str] | None = None) -> int:
         n = torch.cuda.device_count() if torch.cuda.is_available() else 0
         print(f"test_topk_tp2: --device cuda needs {TP} CUDA GPUs, this machine has {n} "
               "(for a CPU run: --backend gloo --device cpu)", file=sys.stderr)
+        return 2
+    if args.interpret and args.device != "cpu":
+        print("test_topk_tp2: --interpret is for --device cpu (on GPUs the fused kernel runs itself)", file=sys.stderr)
         return 2
     if args.device == "cpu" and args.backend != "gloo":
         print("test_topk_tp2: --device cpu needs --backend gloo", file=sys.stderr)

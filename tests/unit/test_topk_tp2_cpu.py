@@ -3,7 +3,8 @@
 The harness runs in build/cpu-venv (torch 2.13 CPU, the venv of test_patched_cli.py) as two real processes
 joined by torch.distributed (gloo), calls the series' ``depth_topk_logprobs`` (the torch path; the fused
 kernel needs CUDA) with SGLang's vocab-parallel shard layout and a GroupCoordinator shim, and checks on rank 0
-against TP 1 and float64. This checks the merge of the vocabulary shards in ddtree_topk.py and the harness
+against TP 1 and float64; with ``--interpret`` also the fused kernel's own TP merge under Triton's
+interpreter. This checks the merge of the vocabulary shards in ddtree_topk.py and the harness
 itself: with a deliberately wrong shim (``--fault``: a shard offset of 0 on every rank, the padding rows counted
 as vocabulary, an all_gather that exchanges nothing) the same harness must fail, naming the check.
 """
@@ -140,6 +141,24 @@ def test_tp1_rule_allows_ties_only(probe):
     rule = probe["rule"]
     assert rule["reordered tie"] == "ok" and rule["k-th tie"] == "ok"
     assert rule["not a tie"] == "TP 1: id mismatch that is not a tie: gap 1 > 0.0001"
+
+
+
+@pytest.mark.parametrize("fault", [None, "local"])
+def test_the_fused_kernels_merge_under_the_interpreter(cpu_python, tmp_path, fault):  # noqa: F811
+    """--interpret: fused_depth_topk's own TP merge (one packed all_gather along dim 0 through the same shim) under
+    Triton's interpreter on two gloo ranks: TP 1 within 1e-4 and float64 within 1e-3; an all_gather that exchanges
+    nothing fails it. One case (the interpreter takes about 20 s a rank)."""
+    extra = ("--fault", fault) if fault else ()
+    proc, info = run(cpu_python, tmp_path, "--backend", "gloo", "--device", "cpu", "--no-timing", "--interpret",
+                     "--cases", "small V1001 k8", *extra)
+    (r,) = [x for x in info["results"] if x["case"] == "small V1001 k8 fused (Triton interpreter)"]
+    if fault is None:
+        assert proc.returncode == 0 and info["passed"] == 2, proc.stdout + proc.stderr[-3000:]
+        assert r["ok"] and r["dtype"] == "torch.float16" and r["tp1"]["tp1_max_abs_lp_diff"] <= 1e-4
+        assert r["f64"]["f64_tol"] == 1e-3 and r["tp1_f64"]["f64_max_abs_lp_err"] <= 1e-3
+    else:
+        assert proc.returncode == 1 and not r["ok"] and "tp1: TP 1: log-prob difference" in r["error"], r
 
 
 @pytest.mark.xfail(strict=True, reason="defect in ddtree_topk.py (not fixed here): a rank whose shard holds fewer "
