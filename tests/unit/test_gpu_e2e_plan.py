@@ -35,9 +35,11 @@ def test_every_server_carries_its_configs_rendered_flags(set_name):
     for entry in plan.build(set_name)["servers"]:
         deployed = pairs(render.launch_args(spec.load(entry["config"]), render.HostSettings(release_label="x")))
         harness = pairs(entry["args"])
+        # the tp2 set (issue 25) replaces the config's tensor parallelism too, and nothing else
+        replaced = REPLACED | ({"--tp-size"} if set_name == "tp2" else set())
         for flag, value in deployed.items():
             assert flag in harness, (entry["name"], flag)
-            if flag not in REPLACED:
+            if flag not in replaced:
                 assert harness[flag] == value, (entry["name"], flag, harness[flag], value)
 
 
@@ -83,3 +85,40 @@ def test_a_variant_adds_its_flags_after_the_rendered_ones():
 def test_an_unknown_set_is_refused_with_the_allowed_names():
     with pytest.raises(SystemExit, match="allowed: core"):
         plan.build("nope")
+
+
+def test_the_tp2_set_runs_ar_and_ddtree_b15_b64_over_both_gpus():
+    """Issue 25 (nvidia-h200-x2): the AR reference and DDTree budgets 15 and 64 (state forking on, fused top-k,
+    CUDA graphs and overlap on) each at --tp-size 2 on GPUs 0 and 1, NVLink multicast off."""
+    servers = {s["name"]: s for s in plan.build("tp2")["servers"]}
+    assert list(servers) == ["ar", "ddtree-b15-k8", "ddtree-b64-k16"]
+    graphs = {s["name"]: s for s in plan.build("graphs")["servers"]}
+    for name, s in servers.items():
+        args = pairs(s["args"])
+        assert args["--tp-size"] == "2" and s["tp_size"] == 2, name
+        assert s["env"]["CUDA_VISIBLE_DEVICES"] == "0,1" and s["env"]["NCCL_NVLS_ENABLE"] == "0", name
+        assert "--enable-nccl-nvls" not in s["args"], name
+        assert "--disable-cuda-graph" not in s["args"] and "--disable-overlap-schedule" not in s["args"], name
+        # the same server as in the single-GPU graphs set, tensor parallelism and the ports aside
+        def same(a, skip=("--tp-size", "--port", "--nccl-port")):
+            return {k: v for k, v in a.items() if k not in skip}
+
+        assert same(args) == same(pairs(graphs[name]["args"])), name
+        assert pairs(graphs[name]["args"])["--tp-size"] == "1"
+        assert s["role"] == "experiment" and "tp2" in s["tags"], name
+    assert "--speculative-algorithm" not in servers["ar"]["args"]  # the losslessness reference the runner takes
+    for name, budget, cap in (("ddtree-b15-k8", "15", "8"), ("ddtree-b64-k16", "64", "16")):
+        args = pairs(servers[name]["args"])
+        assert args["--speculative-algorithm"] == "DDTREE" and args["--speculative-ddtree-budget"] == budget
+        assert args["--speculative-ddtree-topk-cap"] == cap
+        assert args["--speculative-ddtree-state-forking"] == "on" and args["--speculative-ddtree-topk"] == "fused"
+        assert servers[name]["wheel"] == "ddtree-fork-topk"
+
+
+def test_single_gpu_sets_keep_tp1_and_their_env():
+    """Only the tp2 set sets tensor parallelism, CUDA_VISIBLE_DEVICES and NCCL_NVLS_ENABLE: the other sets'
+    servers are what they were (one GPU, the config's env)."""
+    for name in set(plan.SETS) - {"tp2"}:
+        for s in plan.build(name)["servers"]:
+            assert s["tp_size"] == 1 and pairs(s["args"])["--tp-size"] == "1", (name, s["name"])
+            assert s["env"] == dict(spec.load(s["config"]).serving.env), (name, s["name"])

@@ -60,6 +60,7 @@ class Server:
     features: tuple[str, ...] | None = None  # None: the config's own patch_features
     role: str = "experiment"  # experiment (token ids, skip tokenizer) | gate (the config's text gates)
     tags: tuple[str, ...] = field(default_factory=tuple)
+    tp_size: int = 1  # > 1: serving.tp_size and gpus 0 .. tp_size - 1 (CUDA_VISIBLE_DEVICES), NVLink multicast off
 
 
 FULL = ("ddtree", "fork", "topk")
@@ -141,7 +142,14 @@ GRAPHS = (
 # trace_check telling host-tensor reads from device syncs.
 RECHECK = tuple(s for s in GRAPHS if s.name in {"ddtree-b64-k16-nooverlap", "gate-ar", "gate-ddtree-b15",
                                                   "gate-ddtree-b64", "gate-nofork-b64"})
-SETS = {"core": CORE, "extra": EXTRA, "final": FINAL, "gates": GATES, "graphs": GRAPHS, "recheck": RECHECK,
+# Issue 25 ("tp2", on nvidia-h200-x2; not run yet): tensor parallelism 2 on two H200s, CUDA graphs and overlap on,
+# the AR reference and DDTree budgets 15 and 64 (forking on, fused top-k) each a TP-2 server over both GPUs, for the
+# same losslessness check as the single-GPU sets. NCCL_NVLS_ENABLE=0 in every server's environment and no
+# --enable-nccl-nvls (the device notes: NVLink multicast can take the host's GPUs out of service).
+TP2 = tuple(Server(s.name, s.config, s.budget, s.topk_cap, s.variant, s.features, s.role, ("tp2",), tp_size=2)
+            for s in GRAPHS if s.name in {"ar", "ddtree-b15-k8", "ddtree-b64-k16"})
+NO_MULTICAST_ENV = {"NCCL_NVLS_ENABLE": "0"}
+SETS = {"core": CORE, "extra": EXTRA, "final": FINAL, "gates": GATES, "graphs": GRAPHS, "recheck": RECHECK, "tp2": TP2,
         "all": CORE + tuple(s for s in EXTRA if s.name != "ar")}
 
 
@@ -169,6 +177,9 @@ def _overrides(server: Server, config: spec.Config, port: int) -> dict:
     out = model_overrides(config, MODELS, server.budget, server.topk_cap)
     out["serving"] = {"port": port, "nccl_port": port + 1, "mem_fraction_static": MEM_FRACTION,
                       "max_running_requests": MAX_RUNNING, "extra_args": extra, "forking_memory_gib": None}
+    if server.tp_size > 1:
+        out["serving"].update(tp_size=server.tp_size, gpus=list(range(server.tp_size)),
+                              env={**config.serving.env, **NO_MULTICAST_ENV})
     return out
 
 
@@ -186,12 +197,15 @@ def server_entry(server: Server, index: int) -> dict:
     host = render.HostSettings(release_label="e2e", bind_address="127.0.0.1")
     args = render.launch_args(config, host)
     features = tuple(server.features) if server.features is not None else config.patch_features
+    env = dict(config.serving.env)
+    if config.serving.tp_size > 1:  # the runner passes env to the server: both GPUs, as a unit's Environment= does
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in config.serving.gpus)
     return {
         "name": server.name, "config": server.config, "role": server.role, "port": port,
         "algorithm": config.speculative.algorithm, "budget": config.speculative.budget,
         "topk_cap": config.speculative.topk_cap, "state_forking": config.speculative.state_forking,
         "features": list(features), "wheel": wheel_key(features), "tags": list(server.tags),
-        "variant": list(server.variant), "args": args, "env": dict(config.serving.env),
+        "variant": list(server.variant), "args": args, "env": env, "tp_size": config.serving.tp_size,
         "gates": config.gates.as_mapping(), "speculative": config.speculative_enabled,
     }
 
