@@ -97,7 +97,8 @@ def shard_indices(vocab: int, rank: int, tp: int) -> SimpleNamespace:
     per = padded // tp
     start, end = min(rank * per, vocab), min((rank + 1) * per, vocab)
     return SimpleNamespace(org_vocab_start_index=start, org_vocab_end_index=end, num_org_elements=end - start,
-                           num_elements_padded=per, padded_org_vocab_start_index=rank * per)
+                           num_elements_padded=per, num_org_elements_padded=per,
+                           padded_org_vocab_start_index=rank * per)
 
 
 class TpGroup:
