@@ -42,53 +42,13 @@ def bench_case(m, bs: int, T: int, tree: bool) -> dict:
     import triton
 
     p = tsf.make_problem(bs, T, seed=T + bs)
-    dim = p.dim
-    conv_pool = p.conv_pool.clone()
-    inter_conv = torch.zeros(bs + 1, T, dim, tsf.W - 1, dtype=torch.bfloat16, device="cuda")
-    inter_ssm = torch.zeros(bs + 1, T, tsf.HV, tsf.V, tsf.K, dtype=torch.float32, device="cuda")
-    inter_idx = torch.arange(bs, dtype=torch.int32, device="cuda")
-    parent_buf = torch.empty_like(p.nxt_tok) if tree else None
-    xt = p.x.view(bs, T, dim).transpose(1, 2)
-    qsl = torch.arange(0, bs * T + 1, T, dtype=torch.int32, device="cuda")
-    H, HV, K, V = tsf.H, tsf.HV, tsf.K, tsf.V
+    buf = tsf.verify_buffers(p, tree)
+    inter_ssm, inter_conv = buf["inter_ssm"], buf["inter_conv"]
+    conv = tsf.conv_call(m, p, buf, tree)
 
     def verify():
-        out = m["conv"].causal_conv1d_update(
-            xt,
-            conv_pool,
-            p.conv_w,
-            None,
-            "silu",
-            conv_state_indices=p.slots,
-            intermediate_conv_window=inter_conv,
-            intermediate_state_indices=inter_idx,
-            retrieve_next_token=p.nxt_tok if tree else None,
-            retrieve_next_sibling=p.nxt_sib if tree else None,
-            retrieve_parent_token=parent_buf,
-        )
-        mixed = out.transpose(1, 2).reshape(bs * T, dim)
-        q, k, v = torch.split(mixed, [H * K, H * K, HV * V], dim=-1)
-        return m["gdn"].fused_sigmoid_gating_delta_rule_update(
-            A_log=p.A_log,
-            a=p.a,
-            dt_bias=p.dt_bias,
-            softplus_beta=1.0,
-            softplus_threshold=20.0,
-            q=q.view(1, bs * T, H, K),
-            k=k.view(1, bs * T, H, K),
-            v=v.view(1, bs * T, HV, V),
-            b=p.b,
-            initial_state_source=p.ssm_pool,
-            initial_state_indices=p.slots,
-            cu_seqlens=qsl,
-            use_qk_l2norm_in_kernel=True,
-            is_kda=False,
-            disable_state_update=True,
-            intermediate_states_buffer=inter_ssm,
-            intermediate_state_indices=inter_idx,
-            cache_steps=T,
-            retrieve_parent_token=parent_buf,
-        )
+        mixed = conv().transpose(1, 2).reshape(bs * T, p.dim)
+        return tsf.recurrent_call(m, p, buf, mixed)()
 
     torch.cuda.synchronize()
     t0 = time.perf_counter()

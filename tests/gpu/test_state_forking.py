@@ -213,57 +213,54 @@ def make_problem(bs: int, T: int, seed: int, link_dtype=torch.int64) -> Problem:
     )
 
 
+def verify_buffers(p: Problem, tree: bool) -> dict:
+    """One layer's target-verify buffers: the conv pool (a copy), the intermediate conv windows and SSM
+    states (rows = bs + 1), their indices, the parents the tree conv writes, the transposed input, seq starts."""
+    bs, T, dim = p.bs, p.T, p.dim
+    return {
+        "conv_pool": p.conv_pool.clone(),
+        "inter_conv": torch.zeros(bs + 1, T, dim, W - 1, dtype=ACT, device=DEV),
+        "inter_ssm": torch.zeros(bs + 1, T, HV, V, K, dtype=torch.float32, device=DEV),
+        "inter_idx": torch.arange(bs, dtype=torch.int32, device=DEV),
+        "parent": torch.empty_like(p.nxt_tok) if tree else None,
+        "xt": p.x.view(bs, T, dim).transpose(1, 2),
+        "qsl": torch.arange(0, bs * T + 1, T, dtype=torch.int32, device=DEV),
+    }
+
+
+def conv_call(m, p: Problem, buf: dict, tree: bool):
+    """The verify's conv update (gdn_backend.forward_extend's first kernel) as a call; returns [bs, dim, T]."""
+    return lambda: m["conv"].causal_conv1d_update(
+        buf["xt"], buf["conv_pool"], p.conv_w, None, "silu", conv_state_indices=p.slots,
+        intermediate_conv_window=buf["inter_conv"], intermediate_state_indices=buf["inter_idx"],
+        retrieve_next_token=p.nxt_tok if tree else None, retrieve_next_sibling=p.nxt_sib if tree else None,
+        retrieve_parent_token=buf["parent"])
+
+
+def recurrent_call(m, p: Problem, buf: dict, mixed: torch.Tensor):
+    """The verify's sigmoid-gating delta-rule update on the conv output ``mixed`` [bs*T, dim], writing per-node
+    intermediate states (a tree when ``buf["parent"]`` is set); returns the core output."""
+    bs, T = p.bs, p.T
+    q, k, v = torch.split(mixed, [H * K, H * K, HV * V], dim=-1)
+    return lambda: m["gdn"].fused_sigmoid_gating_delta_rule_update(
+        A_log=p.A_log, a=p.a, dt_bias=p.dt_bias, softplus_beta=1.0, softplus_threshold=20.0,
+        q=q.view(1, bs * T, H, K), k=k.view(1, bs * T, H, K), v=v.view(1, bs * T, HV, V), b=p.b,
+        initial_state_source=p.ssm_pool, initial_state_indices=p.slots, cu_seqlens=buf["qsl"],
+        use_qk_l2norm_in_kernel=True, is_kda=False, disable_state_update=True,
+        intermediate_states_buffer=buf["inter_ssm"], intermediate_state_indices=buf["inter_idx"],
+        cache_steps=T, retrieve_parent_token=buf["parent"])
+
+
 def run_verify(m, p: Problem, tree: bool):
     """The target-verify sequence of gdn_backend.forward_extend, one layer.
 
     Returns (conv_out [bs*T, dim], o [bs*T, HV, V], intermediate ssm [bs+1, T, HV, V, K],
     intermediate conv windows [bs+1, T, dim, W-1], parents written by the conv kernel).
     """
-    bs, T, dim = p.bs, p.T, p.dim
-    conv_pool = p.conv_pool.clone()
-    inter_conv = torch.zeros(bs + 1, T, dim, W - 1, dtype=ACT, device=DEV)
-    inter_ssm = torch.zeros(bs + 1, T, HV, V, K, dtype=torch.float32, device=DEV)
-    inter_idx = torch.arange(bs, dtype=torch.int32, device=DEV)
-    parent_buf = torch.empty_like(p.nxt_tok) if tree else None
-    xt = p.x.view(bs, T, dim).transpose(1, 2)
-    conv_out = m["conv"].causal_conv1d_update(
-        xt,
-        conv_pool,
-        p.conv_w,
-        None,
-        "silu",
-        conv_state_indices=p.slots,
-        intermediate_conv_window=inter_conv,
-        intermediate_state_indices=inter_idx,
-        retrieve_next_token=p.nxt_tok if tree else None,
-        retrieve_next_sibling=p.nxt_sib if tree else None,
-        retrieve_parent_token=parent_buf,
-    )
-    mixed = conv_out.transpose(1, 2).reshape(bs * T, dim)
-    q, k, v = torch.split(mixed, [H * K, H * K, HV * V], dim=-1)
-    qsl = torch.arange(0, bs * T + 1, T, dtype=torch.int32, device=DEV)
-    o = m["gdn"].fused_sigmoid_gating_delta_rule_update(
-        A_log=p.A_log,
-        a=p.a,
-        dt_bias=p.dt_bias,
-        softplus_beta=1.0,
-        softplus_threshold=20.0,
-        q=q.view(1, bs * T, H, K),
-        k=k.view(1, bs * T, H, K),
-        v=v.view(1, bs * T, HV, V),
-        b=p.b,
-        initial_state_source=p.ssm_pool,
-        initial_state_indices=p.slots,
-        cu_seqlens=qsl,
-        use_qk_l2norm_in_kernel=True,
-        is_kda=False,
-        disable_state_update=True,
-        intermediate_states_buffer=inter_ssm,
-        intermediate_state_indices=inter_idx,
-        cache_steps=T,
-        retrieve_parent_token=parent_buf,
-    )
-    return mixed, o.view(bs * T, HV, V), inter_ssm, inter_conv, parent_buf
+    buf = verify_buffers(p, tree)
+    mixed = conv_call(m, p, buf, tree)().transpose(1, 2).reshape(p.bs * p.T, p.dim)
+    o = recurrent_call(m, p, buf, mixed)()
+    return mixed, o.view(p.bs * p.T, HV, V), buf["inter_ssm"], buf["inter_conv"], buf["parent"]
 
 
 # --------------------------------------------------------------------------- reference

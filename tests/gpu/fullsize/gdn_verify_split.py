@@ -62,39 +62,6 @@ class Launch:
         return lambda *a, **kw: launch(*a, **{**kw, "BLOCK_N": block_n, "num_warps": self.warps})
 
 
-def buffers(p, tree: bool) -> dict:
-    bs, T, dim = p.bs, p.T, p.dim
-    return {
-        "conv_pool": p.conv_pool.clone(),
-        "inter_conv": torch.zeros(bs + 1, T, dim, tsf.W - 1, dtype=torch.bfloat16, device=tsf.DEV),
-        "inter_ssm": torch.zeros(bs + 1, T, tsf.HV, tsf.V, tsf.K, dtype=torch.float32, device=tsf.DEV),
-        "inter_idx": torch.arange(bs, dtype=torch.int32, device=tsf.DEV),
-        "parent": torch.empty_like(p.nxt_tok) if tree else None,
-        "xt": p.x.view(bs, T, dim).transpose(1, 2),
-        "qsl": torch.arange(0, bs * T + 1, T, dtype=torch.int32, device=tsf.DEV),
-    }
-
-
-def conv_call(m, p, buf, tree: bool):
-    return lambda: m["conv"].causal_conv1d_update(
-        buf["xt"], buf["conv_pool"], p.conv_w, None, "silu", conv_state_indices=p.slots,
-        intermediate_conv_window=buf["inter_conv"], intermediate_state_indices=buf["inter_idx"],
-        retrieve_next_token=p.nxt_tok if tree else None, retrieve_next_sibling=p.nxt_sib if tree else None,
-        retrieve_parent_token=buf["parent"])
-
-
-def recurrent_call(m, p, buf, mixed):
-    H, HV, K, V, bs, T = tsf.H, tsf.HV, tsf.K, tsf.V, p.bs, p.T
-    q, k, v = torch.split(mixed, [H * K, H * K, HV * V], dim=-1)
-    q, k, v = q.view(1, bs * T, H, K), k.view(1, bs * T, H, K), v.view(1, bs * T, HV, V)
-    return lambda: m["gdn"].fused_sigmoid_gating_delta_rule_update(
-        A_log=p.A_log, a=p.a, dt_bias=p.dt_bias, softplus_beta=1.0, softplus_threshold=20.0, q=q, k=k, v=v,
-        b=p.b, initial_state_source=p.ssm_pool, initial_state_indices=p.slots, cu_seqlens=buf["qsl"],
-        use_qk_l2norm_in_kernel=True, is_kda=False, disable_state_update=True,
-        intermediate_states_buffer=buf["inter_ssm"], intermediate_state_indices=buf["inter_idx"],
-        cache_steps=T, retrieve_parent_token=buf["parent"])
-
-
 def graph_ms(fn) -> float:
     """Median ms of one call, replayed from a captured CUDA graph (the compile happens before capture).
     Under the Triton interpreter (the CPU smoke run, ``--small``) one timed call instead."""
@@ -114,8 +81,8 @@ def conv_outputs(m, p, tree: bool, launch: tuple[int, int] | None) -> tuple:
     if launch is not None:
         m["conv"]._causal_conv1d_update_kernel = Launch(orig, *launch)
     try:
-        buf = buffers(p, tree)
-        call = conv_call(m, p, buf, tree)
+        buf = tsf.verify_buffers(p, tree)
+        call = tsf.conv_call(m, p, buf, tree)
         t0 = time.perf_counter()
         out = call()
         tsf.sync()
@@ -133,9 +100,9 @@ def case(m, T: int, tree: bool, bs: int, check_reference: bool, variants: bool) 
         p.parents = [[i - 1 for i in range(T)] for _ in range(bs)]
     out, windows, parents, conv_ms, first_s = conv_outputs(m, p, tree, None)
     row = {"T": T, "tree": tree, "bs": bs, "conv_ms": conv_ms, "conv_first_call_s": round(first_s, 1)}
-    buf = buffers(p, tree)
-    mixed = conv_call(m, p, buf, tree)().transpose(1, 2).reshape(bs * T, p.dim)
-    row["recurrent_ms"] = graph_ms(recurrent_call(m, p, buf, mixed))
+    buf = tsf.verify_buffers(p, tree)
+    mixed = tsf.conv_call(m, p, buf, tree)().transpose(1, 2).reshape(bs * T, p.dim)
+    row["recurrent_ms"] = graph_ms(tsf.recurrent_call(m, p, buf, mixed))
     # The floor of the recurrent verify's own traffic: writing its intermediate states once (bs x T states).
     row["state_write_floor_ms"] = graph_ms(lambda: buf["inter_ssm"][:bs].zero_())
     row["state_write_gib"] = round(buf["inter_ssm"][:bs].numel() * 4 / 2**30, 4)
@@ -144,7 +111,7 @@ def case(m, T: int, tree: bool, bs: int, check_reference: bool, variants: bool) 
         ref_conv, ref_out, _, ref_win = tsf.reference(p)
         got = out.transpose(1, 2).reshape(bs, T, p.dim)
         conv_err = float(tsf.rel_err(got, ref_conv).max())
-        o = recurrent_call(m, p, buf, mixed)().view(bs, T, tsf.HV, tsf.V)
+        o = tsf.recurrent_call(m, p, buf, mixed)().view(bs, T, tsf.HV, tsf.V)
         out_err = float(tsf.rel_err(o, ref_out).max())
         row["max_rel_err"] = {"conv": conv_err, "out": out_err}
         tol_scale = 2 if tsf.DEV != "cuda" else 1  # the interpreter runs fp16 activations
