@@ -142,6 +142,12 @@ GRAPHS = (
 # trace_check telling host-tensor reads from device syncs.
 RECHECK = tuple(s for s in GRAPHS if s.name in {"ddtree-b64-k16-nooverlap", "gate-ar", "gate-ddtree-b15",
                                                   "gate-ddtree-b64", "gate-nofork-b64"})
+# Call 7 ("treeconv", issue 23, session 9): the series' own tree conv (patch 0004) in the server, losslessness with
+# CUDA graphs (parents copied into the graph buffer) and eagerly (the per-forward parent tensor), and the exactness
+# gate at budget 64 on a reference recorded from the gate-ar server.
+TREECONV = tuple(s for s in GRAPHS if s.name in {"ar", "ddtree-b15-k8", "ddtree-b64-k16", "ddtree-b64-k8", "gate-ar",
+                                                   "gate-ddtree-b64"}) + tuple(
+    s for s in FINAL if s.name == "ddtree-b64-k16-eager")
 # Issue 25 ("tp2", on nvidia-h200-x2; not run yet): tensor parallelism 2 on two H200s, CUDA graphs and overlap on,
 # the AR reference and DDTree budgets 15 and 64 (forking on, fused top-k) each a TP-2 server over both GPUs, for the
 # same losslessness check as the single-GPU sets. NCCL_NVLS_ENABLE=0 in every server's environment and no
@@ -149,7 +155,8 @@ RECHECK = tuple(s for s in GRAPHS if s.name in {"ddtree-b64-k16-nooverlap", "gat
 TP2 = tuple(Server(s.name, s.config, s.budget, s.topk_cap, s.variant, s.features, s.role, ("tp2",), tp_size=2)
             for s in GRAPHS if s.name in {"ar", "ddtree-b15-k8", "ddtree-b64-k16"})
 NO_MULTICAST_ENV = {"NCCL_NVLS_ENABLE": "0"}
-SETS = {"core": CORE, "extra": EXTRA, "final": FINAL, "gates": GATES, "graphs": GRAPHS, "recheck": RECHECK, "tp2": TP2,
+SETS = {"core": CORE, "extra": EXTRA, "final": FINAL, "gates": GATES, "graphs": GRAPHS, "recheck": RECHECK, "treeconv": TREECONV,
+        "tp2": TP2,
         "all": CORE + tuple(s for s in EXTRA if s.name != "ar")}
 
 

@@ -9,6 +9,11 @@ activations; ``tests/gpu/test_state_forking.py``'s problem and reference), at th
 full-size run: T = 16 (DFLASH block 16 as a chain; DDTREE 15 as a tree), 33 (DDTREE 32), 65 (DDTREE 64,
 tree and chain) and batch 1 and 6.
 
+Every tree case also runs DDTree's own tree conv (patch 0004, ``speculative/ddtree_tree_conv.py``: the parents
+read, all nodes at once) on fresh copies of the same buffers: its conv output, conv windows and overwritten conv
+state must equal upstream's bit for bit (asserted), and it is timed the same way (``ddtree_conv_ms``; also at the
+tile widths of ``TREE_CONV_BLOCKS``); ``step_ms_48_layers_ddtree_conv`` is the step's two GDN kernels with it.
+
 With ``--variants``, launch variants of the tree conv update (``BLOCK_N`` x ``num_warps``; upstream launches 256 x 4): each
 channel's arithmetic does not depend on them, so every variant's outputs (conv output, conv windows, the
 parents it writes) must be bit-identical to upstream's; the bench asserts it, and checks upstream's against
@@ -44,6 +49,7 @@ LAYERS = 48  # GDN layers of the target: per-step cost = 48 x a layer's
 CASES = ((5, True), (5, False)) if SMALL else ((65, True), (65, False), (16, False), (16, True), (33, True))
 BATCHES = (1, 2) if SMALL else (1, 6)
 VARIANTS = ((32, 1),) if SMALL else ((256, 2), (256, 1), (128, 1), (64, 1))
+TREE_CONV_BLOCKS = (None, 16) if SMALL else (None, 16, 64)  # DDTree's conv: default tile, then channel widths
 
 
 class Launch:
@@ -94,12 +100,38 @@ def conv_outputs(m, p, tree: bool, launch: tuple[int, int] | None) -> tuple:
         m["conv"]._causal_conv1d_update_kernel = orig
 
 
+def ddtree_conv(m, p, buf: dict, block_n: int | None = None):
+    """DDTree's tree conv (patch 0004) on the same buffers as ``tsf.conv_call``: it reads the parents."""
+    parents = torch.tensor(p.parents, dtype=torch.int64, device=tsf.DEV)
+    return lambda: m["tree_conv"].ddtree_tree_conv1d_update(
+        buf["xt"], buf["conv_pool"], p.conv_w, None, "silu", conv_state_indices=p.slots,
+        intermediate_conv_window=buf["inter_conv"], intermediate_state_indices=buf["inter_idx"],
+        retrieve_next_token=p.nxt_tok, retrieve_next_sibling=p.nxt_sib, retrieve_parent_token=parents,
+        block_n=block_n)
+
+
+def ddtree_conv_row(m, p) -> dict:
+    """DDTree's conv against upstream's on fresh buffers (one call each: output, windows and the overwritten conv
+    state bit for bit), then its time per launch (default tile, and the tile widths in TREE_CONV_BLOCKS)."""
+    up, mine = tsf.verify_buffers(p, True), tsf.verify_buffers(p, True)
+    o_up, o_me = tsf.conv_call(m, p, up, True)(), ddtree_conv(m, p, mine)()
+    tsf.sync()
+    same = {"out": torch.equal(o_up, o_me), "windows": torch.equal(up["inter_conv"], mine["inter_conv"]),
+            "conv_state": torch.equal(up["conv_pool"], mine["conv_pool"])}
+    assert all(same.values()), (p.T, p.bs, same)  # bit for bit, no tolerance
+    times = {str(bn or "default"): graph_ms(ddtree_conv(m, p, tsf.verify_buffers(p, True), bn))
+             for bn in TREE_CONV_BLOCKS}
+    return {"ddtree_conv_ms": times["default"], "ddtree_conv_bit_identical": same, "ddtree_conv_blocks": times}
+
+
 def case(m, T: int, tree: bool, bs: int, check_reference: bool, variants: bool) -> dict:
     p = tsf.make_problem(bs, T, seed=1000 * T + bs)
     if not tree:  # a chain: the kernels get no links; the reference walks the chain
         p.parents = [[i - 1 for i in range(T)] for _ in range(bs)]
     out, windows, parents, conv_ms, first_s = conv_outputs(m, p, tree, None)
     row = {"T": T, "tree": tree, "bs": bs, "conv_ms": conv_ms, "conv_first_call_s": round(first_s, 1)}
+    if tree:
+        row.update(ddtree_conv_row(m, p))
     buf = tsf.verify_buffers(p, tree)
     mixed = tsf.conv_call(m, p, buf, tree)().transpose(1, 2).reshape(bs * T, p.dim)
     row["recurrent_ms"] = graph_ms(tsf.recurrent_call(m, p, buf, mixed))
@@ -107,6 +139,8 @@ def case(m, T: int, tree: bool, bs: int, check_reference: bool, variants: bool) 
     row["state_write_floor_ms"] = graph_ms(lambda: buf["inter_ssm"][:bs].zero_())
     row["state_write_gib"] = round(buf["inter_ssm"][:bs].numel() * 4 / 2**30, 4)
     row["step_ms_48_layers"] = round(LAYERS * (row["conv_ms"] + row["recurrent_ms"]), 3)
+    if tree:
+        row["step_ms_48_layers_ddtree_conv"] = round(LAYERS * (row["ddtree_conv_ms"] + row["recurrent_ms"]), 3)
     if check_reference:
         ref_conv, ref_out, _, ref_win = tsf.reference(p)
         got = out.transpose(1, 2).reshape(bs, T, p.dim)
@@ -138,6 +172,9 @@ def main() -> int:
     args = ap.parse_args()
     t_start = time.time()
     m = tsf.load_sglang()
+    import importlib
+
+    m["tree_conv"] = importlib.import_module("sglang.srt.speculative.ddtree_tree_conv")
     info = {"device": torch.cuda.get_device_name(0) if tsf.DEV == "cuda" else "cpu (Triton interpreter)", "torch": torch.__version__,
             "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "shape": "Qwen3.6-27B GDN layer, TP1: H=16 HV=48 K=V=128 W=4, fp32 state, bf16 act",
@@ -153,16 +190,19 @@ def main() -> int:
             rows.append(r)
             print(json.dumps(r), flush=True)
             (args.out / "gdn_verify_split.json").write_text(json.dumps({"info": info, "rows": rows}, indent=1))
-    print("| T | tree | batch | conv ms | recurrent ms | state-write floor ms | x 48 layers ms | best conv launch (ms) |")
-    print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | --- |")
+    print("| T | tree | batch | conv ms | DDTree conv ms | recurrent ms | state-write floor ms | x 48 layers ms "
+          "| x 48, DDTree conv | best conv launch (ms) |")
+    print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
     for r in rows:
         if "skipped" in r:
             continue
         best = min(r.get("variants", {}).items(), key=lambda kv: kv[1]["conv_ms"], default=None)
         best_s = f"{best[0]} ({best[1]['conv_ms']:.4f})" if best else ""
-        print(f"| {r['T']} | {r['tree']} | {r['bs']} | {r['conv_ms']:.4f} | {r['recurrent_ms']:.4f} | "
+        dd = f"{r['ddtree_conv_ms']:.4f}" if "ddtree_conv_ms" in r else ""
+        dd48 = f"{r['step_ms_48_layers_ddtree_conv']:.2f}" if "ddtree_conv_ms" in r else ""
+        print(f"| {r['T']} | {r['tree']} | {r['bs']} | {r['conv_ms']:.4f} | {dd} | {r['recurrent_ms']:.4f} | "
               f"{r['state_write_floor_ms']:.4f} | "
-              f"{r['step_ms_48_layers']:.2f} | {best_s} |")
+              f"{r['step_ms_48_layers']:.2f} | {dd48} | {best_s} |")
     return 0
 
 
