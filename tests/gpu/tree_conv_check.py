@@ -1,7 +1,7 @@
 """DDTree's tree conv (patch 0004, ``ddtree_tree_conv.py``) against SGLang 0.5.23's own tree conv, bit for bit.
 
 Both kernels get the same random draft trees (topological order, root 0, deep and bushy, and a
-chain), the same inputs, conv-state pool, conv windows buffer and indices; upstream's
+chain), the same inputs, conv-state pool, conv windows buffer and indices (T past one 16-node tile of DDTree's kernel too); upstream's
 ``causal_conv1d_update`` gets the first-child / next-sibling links, DDTree's the parents. Every output
 must be equal to the last bit: the conv output, every node's conv window, the overwritten conv
 state, and nothing else written (a padded row, ``pad_slot_id``, is left alone by both). Widths 2-4,
@@ -123,7 +123,7 @@ def run_pair(up, mine, *, bs: int, T: int, dim: int, width: int, bias: bool, lin
 def cases(small: bool):
     """(kwargs of run_pair) covering widths, bias, link dtypes, chains and the verify widths."""
     dim = 48 if small else 10240
-    sizes = (2, 5, 9, 17) if small else (16, 33, 65)
+    sizes = (2, 5, 9, 17, 40) if small else (16, 33, 65)
     out = []
     seed = 0
     for T in sizes:

@@ -1059,6 +1059,7 @@ EDITED_UPSTREAM = (
     "sglang.srt.arg_groups.speculative_hook", "sglang.srt.speculative.spec_info",
     "sglang.srt.speculative.dflash_worker_v2", "sglang.srt.layers.attention.hybrid_linear_attn_backend",
     "sglang.srt.layers.attention.linear.kda_backend", "sglang.srt.mem_cache.memory_pool",
+    "sglang.srt.layers.attention.linear.gdn_backend",
 )  # fmt: skip
 
 

@@ -55,3 +55,25 @@ def test_the_check_fails_a_kernel_that_ignores_the_parents(cpu_python, patched_s
     rows = _run(cpu_python, patched_site, src)
     wrong = [r for r in rows if not r["equal"]["out"]]
     assert len(wrong) >= len(rows) // 2, rows
+
+
+def test_the_parents_reach_every_tree_conv_the_series_routes(patched_site):  # noqa: F811
+    """Diff 0004 in the built wheel: DDTree's parents are copied wherever the tree links are (the eager parent
+    tensor and both CUDA-graph copy sites: a missed site would leave a captured graph reading stale parents),
+    and the GDN verify's conv goes through the switch, guarded by the forking flag."""
+    hybrid = (patched_site / "sglang/srt/layers/attention/hybrid_linear_attn_backend.py").read_text()
+    link_copies = hybrid.count("retrieve_next_sibling_list[")
+    parent_copies = hybrid.count("self.retrieve_parent_token_list[cuda_graph_bs - 1][:bs_without_pad].copy_(") + \
+        hybrid.count("self.retrieve_parent_token_list[bs - 1][:bs_without_pad].copy_(")
+    # One retrieve_next_sibling_list[...] is the capture-time ForwardMetadata argument, the rest are copies.
+    graph_link_copies = hybrid.count("retrieve_next_sibling_list[cuda_graph_bs - 1][:bs_without_pad].copy_(") + \
+        hybrid.count("retrieve_next_sibling_list[bs - 1][:bs_without_pad].copy_(")
+    assert graph_link_copies == 2 and link_copies >= graph_link_copies, (link_copies, graph_link_copies)
+    assert parent_copies == graph_link_copies, (parent_copies, graph_link_copies)
+    assert "retrieve_parent_token.copy_(forward_batch.spec_info.retrieve_parent_token)" in hybrid
+    assert hybrid.count("if self._ddtree_forking:  # patch 0004") == 3
+    gdn = (patched_site / "sglang/srt/layers/attention/linear/gdn_backend.py").read_text()
+    assert "if self._ddtree_forking and retrieve_next_token is not None:" in gdn
+    assert "import ddtree_tree_conv1d_update as conv_update" in gdn
+    assert "mixed_qkv_processed = conv_update(" in gdn
+    assert (patched_site / "sglang/srt/speculative/ddtree_tree_conv.py").read_bytes() == KERNEL.read_bytes()

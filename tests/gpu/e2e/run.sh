@@ -1,7 +1,7 @@
 #!/bin/bash
 # The end-to-end harness on the GPU machine (tests/gpu/e2e/README.md). From the repository root, with the
 # bundle (make gpu-server-bundle) carried as .gpu-e2e:
-#     bash tests/gpu/e2e/run.sh OUT [core|extra|all] [SECONDS]
+#     bash tests/gpu/e2e/run.sh OUT [SET: a name of plan.py's SETS, e.g. core, treeconv] [SECONDS]
 # SECONDS (default 540): everything, servers stopped and results written, ends within it.
 set -u
 OUT=${1:?usage: run.sh OUT [core|extra|all] [SECONDS]}

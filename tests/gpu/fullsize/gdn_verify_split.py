@@ -38,7 +38,8 @@ sys.path.insert(0, str(HERE.parent))
 
 import test_state_forking as tsf  # noqa: E402
 
-SMALL = "--small" in sys.argv  # CPU smoke run under TRITON_INTERPRET=1: tiny heads, short trees
+SMALL = "--small" in sys.argv
+CONV_ONLY = "--conv-only" in sys.argv  # the tree cases' conv kernels only (upstream's and DDTree's)  # CPU smoke run under TRITON_INTERPRET=1: tiny heads, short trees
 if SMALL:
     tsf.H, tsf.HV, tsf.K, tsf.V, tsf.W = 2, 4, 16, 16, 4
 else:
@@ -49,7 +50,10 @@ LAYERS = 48  # GDN layers of the target: per-step cost = 48 x a layer's
 CASES = ((5, True), (5, False)) if SMALL else ((65, True), (65, False), (16, False), (16, True), (33, True))
 BATCHES = (1, 2) if SMALL else (1, 6)
 VARIANTS = ((32, 1),) if SMALL else ((256, 2), (256, 1), (128, 1), (64, 1))
-TREE_CONV_BLOCKS = (None, 16) if SMALL else (None, 16, 64)  # DDTree's conv: default tile, then channel widths
+# DDTree's conv: the default launch (None), then (nodes, channels, warps) per program
+# (2026-12-01: 4 x 128 x 2, now the default, was the fastest of (8, 64, 2), (16, 128, 4), (32, 64, 4),
+# (16, 32, 2), (8, 128, 4), (4, 128, 2) and the first default 16 x 64 x 4 at every T and batch size)
+TREE_CONV_BLOCKS = (None, (8, 32, 1)) if SMALL else (None, (2, 128, 1), (2, 256, 2), (1, 256, 2), (8, 64, 2))
 
 
 class Launch:
@@ -100,14 +104,14 @@ def conv_outputs(m, p, tree: bool, launch: tuple[int, int] | None) -> tuple:
         m["conv"]._causal_conv1d_update_kernel = orig
 
 
-def ddtree_conv(m, p, buf: dict, block_n: int | None = None):
+def ddtree_conv(m, p, buf: dict, launch: tuple[int, int, int] | None = None):
     """DDTree's tree conv (patch 0004) on the same buffers as ``tsf.conv_call``: it reads the parents."""
     parents = torch.tensor(p.parents, dtype=torch.int64, device=tsf.DEV)
+    kw = {} if launch is None else dict(zip(("block_t", "block_n", "num_warps"), launch, strict=True))
     return lambda: m["tree_conv"].ddtree_tree_conv1d_update(
         buf["xt"], buf["conv_pool"], p.conv_w, None, "silu", conv_state_indices=p.slots,
         intermediate_conv_window=buf["inter_conv"], intermediate_state_indices=buf["inter_idx"],
-        retrieve_next_token=p.nxt_tok, retrieve_next_sibling=p.nxt_sib, retrieve_parent_token=parents,
-        block_n=block_n)
+        retrieve_next_token=p.nxt_tok, retrieve_next_sibling=p.nxt_sib, retrieve_parent_token=parents, **kw)
 
 
 def ddtree_conv_row(m, p) -> dict:
@@ -119,8 +123,8 @@ def ddtree_conv_row(m, p) -> dict:
     same = {"out": torch.equal(o_up, o_me), "windows": torch.equal(up["inter_conv"], mine["inter_conv"]),
             "conv_state": torch.equal(up["conv_pool"], mine["conv_pool"])}
     assert all(same.values()), (p.T, p.bs, same)  # bit for bit, no tolerance
-    times = {str(bn or "default"): graph_ms(ddtree_conv(m, p, tsf.verify_buffers(p, True), bn))
-             for bn in TREE_CONV_BLOCKS}
+    times = {"x".join(map(str, launch)) if launch else "default": graph_ms(
+        ddtree_conv(m, p, tsf.verify_buffers(p, True), launch)) for launch in TREE_CONV_BLOCKS}
     return {"ddtree_conv_ms": times["default"], "ddtree_conv_bit_identical": same, "ddtree_conv_blocks": times}
 
 
@@ -132,6 +136,8 @@ def case(m, T: int, tree: bool, bs: int, check_reference: bool, variants: bool) 
     row = {"T": T, "tree": tree, "bs": bs, "conv_ms": conv_ms, "conv_first_call_s": round(first_s, 1)}
     if tree:
         row.update(ddtree_conv_row(m, p))
+    if CONV_ONLY:
+        return row
     buf = tsf.verify_buffers(p, tree)
     mixed = tsf.conv_call(m, p, buf, tree)().transpose(1, 2).reshape(bs * T, p.dim)
     row["recurrent_ms"] = graph_ms(tsf.recurrent_call(m, p, buf, mixed))
@@ -168,6 +174,8 @@ def main() -> int:
     ap.add_argument("--variants", action="store_true",
                     help="also time the conv launch variants (each compiles anew; 2026-12-01 none was better "
                          "at every batch size)")
+    ap.add_argument("--conv-only", action="store_true",
+                    help="tree cases only, the two conv kernels only (no recurrent verify, no reference)")
     ap.add_argument("--deadline-s", type=float, default=400.0, help="stop starting cases after this many seconds")
     args = ap.parse_args()
     t_start = time.time()
@@ -181,28 +189,30 @@ def main() -> int:
             "timing": "triton.testing.do_bench_cudagraph median (CUDA-graph replay), one kernel alone"}
     rows = []
     args.out.mkdir(parents=True, exist_ok=True)
-    for T, tree in CASES:
+    for T, tree in (c for c in CASES if c[1] or not CONV_ONLY):
         for bs in BATCHES:
             if time.time() - t_start > args.deadline_s:
                 rows.append({"T": T, "tree": tree, "bs": bs, "skipped": "deadline"})
                 continue
-            r = case(m, T, tree, bs, check_reference=(bs == 1), variants=args.variants)
+            r = case(m, T, tree, bs, check_reference=(bs == 1 and not CONV_ONLY), variants=args.variants)
             rows.append(r)
             print(json.dumps(r), flush=True)
             (args.out / "gdn_verify_split.json").write_text(json.dumps({"info": info, "rows": rows}, indent=1))
-    print("| T | tree | batch | conv ms | DDTree conv ms | recurrent ms | state-write floor ms | x 48 layers ms "
-          "| x 48, DDTree conv | best conv launch (ms) |")
-    print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
+    print("| T | tree | batch | conv ms | DDTree conv ms (best launch) | recurrent ms | state-write floor ms "
+          "| x 48 layers ms | x 48, DDTree conv |")
+    print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+
+    def cell(r, key, fmt):
+        return format(r[key], fmt) if key in r else ""
+
     for r in rows:
         if "skipped" in r:
             continue
-        best = min(r.get("variants", {}).items(), key=lambda kv: kv[1]["conv_ms"], default=None)
-        best_s = f"{best[0]} ({best[1]['conv_ms']:.4f})" if best else ""
-        dd = f"{r['ddtree_conv_ms']:.4f}" if "ddtree_conv_ms" in r else ""
-        dd48 = f"{r['step_ms_48_layers_ddtree_conv']:.2f}" if "ddtree_conv_ms" in r else ""
-        print(f"| {r['T']} | {r['tree']} | {r['bs']} | {r['conv_ms']:.4f} | {dd} | {r['recurrent_ms']:.4f} | "
-              f"{r['state_write_floor_ms']:.4f} | "
-              f"{r['step_ms_48_layers']:.2f} | {dd48} | {best_s} |")
+        best = min(r.get("ddtree_conv_blocks", {}).items(), key=lambda kv: kv[1], default=None)
+        dd = f"{r['ddtree_conv_ms']:.4f} ({best[0]} {best[1]:.4f})" if best else ""
+        print(f"| {r['T']} | {r['tree']} | {r['bs']} | {r['conv_ms']:.4f} | {dd} | {cell(r, 'recurrent_ms', '.4f')} | "
+              f"{cell(r, 'state_write_floor_ms', '.4f')} | {cell(r, 'step_ms_48_layers', '.2f')} | "
+              f"{cell(r, 'step_ms_48_layers_ddtree_conv', '.2f')} |")
     return 0
 
 

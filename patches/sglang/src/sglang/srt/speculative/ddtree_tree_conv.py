@@ -9,7 +9,10 @@ rebuilds every node's parent inside the kernel from first-child / next-sibling l
 other (``tl.static_range(seqlen)``, each step several reductions over the whole tree, in a grid of
 ``dim / 256`` programs per request); this kernel reads the parents DDTree already has
 (``DDTreeVerifyInput.retrieve_parent_token``, verify coordinates, root -1; the hybrid backend hands them
-over, diff 0004) and computes all nodes at once, a [nodes x channels] tile per program.
+over, diff 0004) and computes the nodes independently: one program per request and 128 channels reads the
+conv state once, overwrites it, then loops over the nodes 4 at a time. The launch (4 nodes x 128 channels,
+2 warps) is the fastest of seven timed on the H200 at every verify width and batch size measured
+(gdn_verify_split.py --conv-only, 2026-12-01; docs/benchmarks.md).
 
 Why: in the full-size server (docs/benchmarks.md, issue 23) the upstream tree conv grew faster than
 linearly with the verify width (0.013 ms per layer at 16 nodes, 0.034 ms at 33, batch 1, H200, CUDA-graph
@@ -37,7 +40,6 @@ import triton
 import triton.language as tl
 
 PAD_SLOT_ID = -1
-TILE = 4096  # nodes x channels per program (BLOCK_N = TILE / next_power_of_2(T), 16 .. 128)
 
 
 @triton.jit
@@ -79,7 +81,7 @@ def _ddtree_tree_conv_kernel(
     KERNEL_WIDTH: tl.constexpr,
     SILU_ACTIVATION: tl.constexpr,
     SAVE_INTERMEDIATE: tl.constexpr,
-    NP2_T: tl.constexpr,
+    BLOCK_T: tl.constexpr,
     BLOCK_N: tl.constexpr,
     USE_GDC: tl.constexpr = False,
 ):
@@ -129,38 +131,55 @@ def _ddtree_tree_conv_kernel(
     if KERNEL_WIDTH >= 4:
         tl.store(cs_base + 2 * stride_cs_tok, new2, mask_f)
 
+    # Weights: column width-1 multiplies the node itself, width-2 its parent, ... (upstream's order).
+    w_base = w_ptr + feats * stride_w_dim
+    w_self = tl.load(w_base + (KERNEL_WIDTH - 1) * stride_w_width, mask_f, 0.0)
+    w_up1 = tl.load(w_base + (KERNEL_WIDTH - 2) * stride_w_width, mask_f, 0.0)
+    w_up2 = w_up1
+    w_up3 = w_up1
+    if KERNEL_WIDTH >= 3:
+        w_up2 = tl.load(w_base + (KERNEL_WIDTH - 3) * stride_w_width, mask_f, 0.0)
+    if KERNEL_WIDTH >= 4:
+        w_up3 = tl.load(w_base + (KERNEL_WIDTH - 4) * stride_w_width, mask_f, 0.0)
     if HAS_BIAS:
         bias = tl.load(bias_ptr + feats, mask=mask_f, other=0.0).to(tl.float32)
-        acc = tl.broadcast_to(bias[None, :], (NP2_T, BLOCK_N))
     else:
-        acc = tl.zeros((NP2_T, BLOCK_N), dtype=tl.float32)
-    tok = tl.arange(0, NP2_T)
-    mask_t = tok < seqlen
-    mask_tf = mask_t[:, None] & mask_f[None, :]
+        bias = tl.zeros((BLOCK_N,), dtype=tl.float32)
     parent_base = parent_ptr + idx_seq * stride_p_seq
     if SAVE_INTERMEDIATE:
         icoord = tl.load(inter_idx_ptr + idx_seq).to(tl.int64)
-        inter_base = (inter_ptr + icoord * stride_inter_seq + (tok * stride_inter_step)[:, None]
-                      + (feats * stride_inter_dim)[None, :])
+        inter_seq = inter_ptr + icoord * stride_inter_seq + (feats * stride_inter_dim)[None, :]
+    o_seq = o_ptr + idx_seq * stride_o_seq + (feats * stride_o_dim)[None, :]
 
-    # Upstream's order: acc += x(self) * w[width-1], then the parent's x * w[width-2], ... (the same fp32 sums).
-    a = tok
-    for j in tl.static_range(KERNEL_WIDTH):
-        w_col = tl.load(w_ptr + feats * stride_w_dim + (KERNEL_WIDTH - 1 - j) * stride_w_width, mask_f, 0.0)
-        xv, sv = _ancestor_x(x_base, stride_x_token, conv_col0, conv_col1, conv_col2, a, mask_tf, KERNEL_WIDTH)
-        from_x = (a >= 0)[:, None]
-        acc += tl.where(from_x, xv * w_col[None, :], sv * w_col[None, :])
-        if SAVE_INTERMEDIATE:
-            if KERNEL_WIDTH - j - 2 >= 0:  # window slot width-2 holds the node itself, width-3 its parent, ...
-                tl.store(inter_base + (KERNEL_WIDTH - j - 2) * stride_inter_win, tl.where(from_x, xv, sv),
-                         mask=mask_tf)
-        if j + 1 < KERNEL_WIDTH:
-            a = _parent_of(parent_base, stride_p_tok, a, mask_t)
-
-    if SILU_ACTIVATION:
-        acc = acc / (1 + tl.exp(-acc))
-    o_ptrs = o_ptr + idx_seq * stride_o_seq + (tok * stride_o_token)[:, None] + (feats * stride_o_dim)[None, :]
-    tl.store(o_ptrs, acc, mask=mask_tf)
+    # BLOCK_T nodes at a time, every node independent of the others once its ancestors are known.
+    for t0 in range(0, seqlen, BLOCK_T):
+        tok = t0 + tl.arange(0, BLOCK_T)
+        mask_t = tok < seqlen
+        mask_tf = mask_t[:, None] & mask_f[None, :]
+        acc = tl.broadcast_to(bias[None, :], (BLOCK_T, BLOCK_N))
+        a = tok
+        for j in tl.static_range(KERNEL_WIDTH):
+            if j == 0:
+                w_col = w_self
+            elif j == 1:
+                w_col = w_up1
+            elif j == 2:
+                w_col = w_up2
+            else:
+                w_col = w_up3
+            xv, sv = _ancestor_x(x_base, stride_x_token, conv_col0, conv_col1, conv_col2, a, mask_tf,
+                                 KERNEL_WIDTH)
+            from_x = (a >= 0)[:, None]
+            acc += tl.where(from_x, xv * w_col[None, :], sv * w_col[None, :])
+            if SAVE_INTERMEDIATE:
+                if KERNEL_WIDTH - j - 2 >= 0:  # window slot width-2 holds the node itself, width-3 its parent, ...
+                    tl.store(inter_seq + (tok * stride_inter_step)[:, None] + (KERNEL_WIDTH - j - 2) * stride_inter_win,
+                             tl.where(from_x, xv, sv), mask=mask_tf)
+            if j + 1 < KERNEL_WIDTH:
+                a = _parent_of(parent_base, stride_p_tok, a, mask_t)
+        if SILU_ACTIVATION:
+            acc = acc / (1 + tl.exp(-acc))
+        tl.store(o_seq + (tok * stride_o_token)[:, None], acc, mask=mask_tf)
 
 
 def _pdl_kwargs() -> dict:
@@ -184,8 +203,9 @@ def ddtree_tree_conv1d_update(
     retrieve_next_sibling: Optional[torch.Tensor] = None,
     retrieve_parent_token: Optional[torch.Tensor] = None,
     pad_slot_id: int = PAD_SLOT_ID,
-    block_n: Optional[int] = None,
-    num_warps: int = 4,
+    block_t: int = 4,
+    block_n: int = 128,
+    num_warps: int = 2,
 ) -> torch.Tensor:
     """``causal_conv1d_update`` for a DDTree tree verify (same arguments as gdn_backend's call; the links
     are not read, ``retrieve_parent_token`` is). Returns the conv output shaped like ``x``."""
@@ -203,11 +223,9 @@ def ddtree_tree_conv1d_update(
     if conv_state.shape[-1] < width - 1:
         raise ValueError(f"conv state length {conv_state.shape[-1]} < width - 1 = {width - 1}")
     out = torch.empty_like(x)
-    np2_t = triton.next_power_of_2(seqlen)
-    bn = block_n or max(16, min(128, TILE // np2_t))
     inter = intermediate_conv_window
     inter_strides = inter.stride() if inter is not None else (0, 0, 0, 0)
-    grid = (batch, triton.cdiv(dim, bn))
+    grid = (batch, triton.cdiv(dim, block_n))
     _ddtree_tree_conv_kernel[grid](
         x, weight, bias, conv_state, conv_state_indices,
         inter if inter is not None else x,
@@ -221,8 +239,8 @@ def ddtree_tree_conv1d_update(
         KERNEL_WIDTH=width,
         SILU_ACTIVATION=activation in ("silu", "swish"),
         SAVE_INTERMEDIATE=inter is not None,
-        NP2_T=np2_t,
-        BLOCK_N=bn,
+        BLOCK_T=block_t,
+        BLOCK_N=block_n,
         num_warps=num_warps,
         **_pdl_kwargs(),
     )
