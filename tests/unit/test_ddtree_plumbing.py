@@ -1100,7 +1100,8 @@ def trace_non_ddtree_paths(src_root: Path, lines: dict[str, list[str]]) -> dict:
             handle_speculative_decoding(args)
             view = resolving_view(args)
             result = {"algorithm": view.speculative_algorithm,
-                      "state_forking": view.speculative_ddtree_state_forking, "topk": view.speculative_ddtree_topk}
+                      "state_forking": view.speculative_ddtree_state_forking, "topk": view.speculative_ddtree_topk,
+                      "tree_conv": view.speculative_ddtree_tree_conv}
         except Exception as exc:
             result = {"error": f"{type(exc).__name__}: {exc}"[:500]}
         finally:
@@ -1288,12 +1289,12 @@ def test_ar_and_dflash_paths_do_not_enter_ddtree_code(traced):
         got = traced[name]
         assert "error" not in got, got
         assert got["entered"] == [] and got["loaded"] == [], (name, got)
-        assert got["state_forking"] is None and got["topk"] is None, (name, got)
+        assert got["state_forking"] is None and got["topk"] is None and got["tree_conv"] is None, (name, got)
     assert traced["DFLASH"]["algorithm"] == "DFLASH"
     # The control: the same trace sees a DDTREE line go through src/ (so an empty trace means something).
     ddtree = traced["DDTREE"]
     assert "ddtree_hook.py:handle_ddtree" in ddtree["entered"], ddtree
-    assert ddtree["state_forking"] == "off" and ddtree["topk"] == "fused", ddtree
+    assert ddtree["state_forking"] == "off" and ddtree["topk"] == "fused" and ddtree["tree_conv"] == "parents", ddtree
 
 
 def test_forking_off_on_a_hybrid_target_warns_why_it_is_lossy(traced):

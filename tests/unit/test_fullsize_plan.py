@@ -101,6 +101,8 @@ def test_the_grid_is_the_issues(built):
         assert (s[name]["--speculative-ddtree-state-forking"], s[name]["--speculative-ddtree-topk"]) == ("on", "fused")
     assert s["ddtree-b64-nofork"]["--speculative-ddtree-state-forking"] == "off"
     assert s["ddtree-b64-torchtopk"]["--speculative-ddtree-topk"] == "torch"
+    assert s["ddtree-b64-upstreamconv"]["--speculative-ddtree-tree-conv"] == "upstream"
+    assert all("--speculative-ddtree-tree-conv" not in a for n, a in s.items() if n != "ddtree-b64-upstreamconv")
     assert "--disable-cuda-graph" not in {f for a in s.values() for f in a}
     assert all(a["--cuda-graph-max-bs-decode"] == "8" for a in s.values())
 

@@ -4,10 +4,11 @@ A CPU virtualenv (build/cpu-venv: torch 2.13 CPU and the light dependencies that
 `sglang.srt.server_args` imports) is made when missing. The patched wheel (the whole series) and the
 stock wheel are each installed with `--no-deps` into their own `--target` directory, and
 `prepare_server_args` parses a full DDTree command line: the patched wheel returns the budget and
-top-k cap and resolves the switches `--speculative-ddtree-state-forking` (on) and
-`--speculative-ddtree-topk` (fused) to their defaults or the values given, rejects a value outside
-their choices, and leaves them unset for DFLASH; the stock wheel rejects the DDTree flags, and a cap
-larger than the budget is refused with a message.
+top-k cap and resolves the switches `--speculative-ddtree-state-forking` (on),
+`--speculative-ddtree-topk` (fused) and `--speculative-ddtree-tree-conv` (parents) to their
+defaults or the values given, rejects a value outside their choices, and leaves them unset for
+DFLASH; the stock wheel rejects the DDTree flags, and a cap larger than the budget is refused with
+a message.
 
 Slow (minutes when the venv must be made; about 30 s when it exists): `pytest -m slow`.
 """
@@ -73,7 +74,7 @@ else:
     print(json.dumps({k: getattr(a, k, None) for k in (
         "speculative_algorithm", "speculative_ddtree_budget", "speculative_ddtree_topk_cap",
         "speculative_num_draft_tokens", "speculative_dflash_block_size",
-        "speculative_ddtree_state_forking", "speculative_ddtree_topk")}))
+        "speculative_ddtree_state_forking", "speculative_ddtree_topk", "speculative_ddtree_tree_conv")}))
 """
 
 
@@ -195,19 +196,23 @@ def test_patched_wheel_parses_a_ddtree_command_line(cpu_python, site_dirs, model
     # The switches default to what every patched build does unless told otherwise.
     assert got["speculative_ddtree_state_forking"] == "on"
     assert got["speculative_ddtree_topk"] == "fused"
+    assert got["speculative_ddtree_tree_conv"] == "parents"
 
 
 def test_patched_wheel_takes_the_switches_off(cpu_python, site_dirs, models):
     built, site = site_dirs["patched"]
-    line = ddtree_line(models, 15, 8, "--speculative-ddtree-state-forking", "off", "--speculative-ddtree-topk", "torch")
+    line = ddtree_line(models, 15, 8, "--speculative-ddtree-state-forking", "off", "--speculative-ddtree-topk", "torch",
+                       "--speculative-ddtree-tree-conv", "upstream")
     got, err = parse(cpu_python, site, line)
     assert "rejected" not in got, f"{got} {err[-2000:]}"
     assert got["speculative_ddtree_state_forking"] == "off" and got["speculative_ddtree_topk"] == "torch"
+    assert got["speculative_ddtree_tree_conv"] == "upstream"
     assert got["speculative_ddtree_budget"] == 15
 
 
 @pytest.mark.parametrize("flag, value", [("--speculative-ddtree-state-forking", "maybe"),
-                                         ("--speculative-ddtree-topk", "cuda")])
+                                         ("--speculative-ddtree-topk", "cuda"),
+                                         ("--speculative-ddtree-tree-conv", "search")])
 def test_patched_wheel_rejects_a_switch_value_outside_its_choices(cpu_python, site_dirs, models, flag, value):
     built, site = site_dirs["patched"]
     got, err = parse(cpu_python, site, ddtree_line(models, 15, 8, flag, value))
@@ -222,6 +227,7 @@ def test_dflash_leaves_the_ddtree_switches_unset(cpu_python, site_dirs, models):
     assert "rejected" not in got, f"{got} {err[-2000:]}"
     assert got["speculative_algorithm"] == "DFLASH" and got["speculative_num_draft_tokens"] == 16
     assert got["speculative_ddtree_state_forking"] is None and got["speculative_ddtree_topk"] is None
+    assert got["speculative_ddtree_tree_conv"] is None
 
 
 def test_stock_wheel_rejects_the_same_line(cpu_python, site_dirs, models):

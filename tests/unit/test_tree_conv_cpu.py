@@ -74,6 +74,7 @@ def test_the_parents_reach_every_tree_conv_the_series_routes(patched_site):  # n
     assert hybrid.count("if self._ddtree_forking:  # patch 0004") == 3
     gdn = (patched_site / "sglang/srt/layers/attention/linear/gdn_backend.py").read_text()
     assert "if self._ddtree_forking and retrieve_next_token is not None:" in gdn
-    assert "import ddtree_tree_conv1d_update as conv_update" in gdn
+    assert "from sglang.srt.speculative.ddtree_tree_conv import select_tree_conv" in gdn
+    assert "conv_update = select_tree_conv(causal_conv1d_update)" in gdn
     assert "mixed_qkv_processed = conv_update(" in gdn
     assert (patched_site / "sglang/srt/speculative/ddtree_tree_conv.py").read_bytes() == KERNEL.read_bytes()

@@ -78,6 +78,7 @@ class Server:
     topk_cap: int | None = None
     speculative: dict = field(default_factory=dict)  # extra speculative overrides
     features: tuple[str, ...] | None = None
+    extra: tuple[str, ...] = ()  # server flags the configs have no field for (after FULL_ARGS)
     tags: tuple[str, ...] = ()
 
 
@@ -91,6 +92,9 @@ SERVERS = (
     Server("ddtree-b64-nofork", "ddtree-b64", 64, 8, {"state_forking": False, "reproduce_state_leak": True},
            features=FULL),
     Server("ddtree-b64-torchtopk", "ddtree-b64", 64, 8, {"fused_topk": False}, features=FULL),
+    # Patch 0004's switch: the same release with 0.5.23's tree conv, for the side-by-side step cost.
+    Server("ddtree-b64-upstreamconv", "ddtree-b64", 64, 8, features=FULL,
+           extra=("--speculative-ddtree-tree-conv", "upstream")),
 )
 
 TARGET_SHAPE = budget.QWEN3_6_27B
@@ -140,7 +144,8 @@ def _overrides(server: Server, config: spec.Config, port: int, max_running: int)
     out = e2e_plan.model_overrides(config, MODELS, server.budget, server.topk_cap, server.speculative)
     out["serving"] = {"port": port, "nccl_port": port + 1, "mem_fraction_static": 0.88,
                       "max_running_requests": max_running,
-                      "extra_args": [*FULL_ARGS, *(DRAFT_ARGS if config.speculative.algorithm != "NONE" else ())],
+                      "extra_args": [*FULL_ARGS, *(DRAFT_ARGS if config.speculative.algorithm != "NONE" else ()),
+                                     *server.extra],
                       "forking_memory_gib": None, "env": {**dict(config.serving.env), **ENV}}
     return out
 

@@ -11,8 +11,11 @@ handler for the drafter, and resolves
   recurrent state forking on hybrid targets (``ddtree_state_fork.py``);
 - ``--speculative-ddtree-topk {fused,torch}`` (default fused): the per-depth top-k
   through the fused kernel (``fused_depth_topk.py``) or the batched torch path.
+- ``--speculative-ddtree-tree-conv {parents,upstream}`` (default parents; diff 0004):
+  the GDN verify's tree conv from DDTree's parents (``ddtree_tree_conv.py``) or
+  0.5.23's, which rebuilds them from the links (same outputs; a side-by-side switch).
 
-The two switches stay None for every other algorithm, which is what the upstream
+The switches stay None for every other algorithm, which is what the upstream
 files test before they enter any DDTree code.
 
 Why a new file: the checks are new logic; keeping them here leaves
@@ -45,6 +48,7 @@ DDTREE_DEFAULT_BUDGET = 15
 DDTREE_DEFAULT_TOPK_CAP = 8
 STATE_FORKING_CHOICES = ("on", "off")
 TOPK_CHOICES = ("fused", "torch")
+TREE_CONV_CHOICES = ("parents", "upstream")  # diff 0004
 
 
 def _choice(flag: str, value, choices: tuple, default: str) -> str:
@@ -78,6 +82,9 @@ def handle_ddtree(server_args: ServerArgs) -> None:
         "--speculative-ddtree-state-forking", cfg.speculative_ddtree_state_forking, STATE_FORKING_CHOICES, "on"
     )
     topk = _choice("--speculative-ddtree-topk", cfg.speculative_ddtree_topk, TOPK_CHOICES, "fused")
+    tree_conv = _choice(
+        "--speculative-ddtree-tree-conv", cfg.speculative_ddtree_tree_conv, TREE_CONV_CHOICES, "parents"
+    )
     if cfg.enable_linear_replayssm_spec:
         raise ValueError(
             "--speculative-algorithm DDTREE does not support --enable-linear-replayssm-spec "
@@ -136,4 +143,5 @@ def handle_ddtree(server_args: ServerArgs) -> None:
         speculative_ddtree_topk_cap=cap,
         speculative_ddtree_state_forking=forking,
         speculative_ddtree_topk=topk,
+        speculative_ddtree_tree_conv=tree_conv,
     )

@@ -9,7 +9,8 @@ rebuilds every node's parent inside the kernel from first-child / next-sibling l
 other (``tl.static_range(seqlen)``, each step several reductions over the whole tree, in a grid of
 ``dim / 256`` programs per request); this kernel reads the parents DDTree already has
 (``DDTreeVerifyInput.retrieve_parent_token``, verify coordinates, root -1; the hybrid backend hands them
-over, diff 0004) and computes the nodes independently: one program per request and 128 channels reads the
+over, diff 0004; ``--speculative-ddtree-tree-conv upstream`` keeps upstream's) and computes the nodes
+independently: one program per request and 128 channels reads the
 conv state once, overwrites it, then loops over the nodes 4 at a time. The launch (4 nodes x 128 channels,
 2 warps) is the fastest of seven timed on the H200 at every verify width and batch size measured
 (gdn_verify_split.py --conv-only, 2026-12-01; docs/benchmarks.md).
@@ -180,6 +181,18 @@ def _ddtree_tree_conv_kernel(
         if SILU_ACTIVATION:
             acc = acc / (1 + tl.exp(-acc))
         tl.store(o_seq + (tok * stride_o_token)[:, None], acc, mask=mask_tf)
+
+
+def select_tree_conv(upstream_conv):
+    """The conv a DDTree tree verify runs (gdn_backend, diff 0004): this file's, unless the server was started
+    with ``--speculative-ddtree-tree-conv upstream`` (0.5.23's ``causal_conv1d_update``, passed in)."""
+    try:
+        from sglang.srt.runtime_context import get_spec
+
+        choice = getattr(get_spec(), "speculative_ddtree_tree_conv", None) or "parents"
+    except Exception:  # no runtime context (tests, tools): the default
+        choice = "parents"
+    return upstream_conv if choice == "upstream" else ddtree_tree_conv1d_update
 
 
 def _pdl_kwargs() -> dict:
