@@ -81,3 +81,21 @@ def load_module(roots, dotted: str):
             _ensure_package("sglang.srt.utils", r / "sglang" / "srt" / "utils")
             _ensure_common_stub()
     return importlib.import_module(dotted)
+
+
+def stub_jit_utils() -> None:
+    """0.5.23's kernel modules import ``is_arch_support_pdl`` from ``sglang.kernels.jit.utils``, whose
+    package pulls in the JIT toolchain: stand in for it (PDL on Hopper and newer, as SGLang decides)."""
+    name = "sglang.kernels.jit.utils"
+    if name in sys.modules:
+        return
+    import torch
+
+    stub = types.ModuleType(name)
+    stub.is_arch_support_pdl = lambda: torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9
+    for pkg in ("sglang", "sglang.kernels", "sglang.kernels.jit"):
+        for root in map(Path, ROOTS):
+            folder = root.joinpath(*pkg.split("."))
+            if folder.is_dir():
+                _ensure_package(pkg, folder)
+    sys.modules[name] = stub

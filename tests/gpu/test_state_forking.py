@@ -121,33 +121,8 @@ def load_sglang(root: Path = ROOT) -> dict[str, types.ModuleType]:
 # --------------------------------------------------------------------------- trees
 
 
-def random_parents(T: int, gen: torch.Generator) -> list[int]:
-    """A random tree in topological order (parent < child), root 0 with parent -1.
-
-    Parents are drawn from a window of recent nodes so trees are both deep and bushy,
-    like DDTree's best-first trees.
-    """
-    parents = [-1]
-    for i in range(1, T):
-        lo = max(0, i - 6)
-        parents.append(int(torch.randint(lo, i, (1,), generator=gen)))
-    return parents
-
-
-def links(parents: list[int]) -> tuple[list[int], list[int]]:
-    """First-child / next-sibling links (-1 = none), children in index order."""
-    T = len(parents)
-    first = [-1] * T
-    nxt = [-1] * T
-    last_child = [-1] * T
-    for i in range(1, T):
-        p = parents[i]
-        if first[p] < 0:
-            first[p] = i
-        else:
-            nxt[last_child[p]] = i
-        last_child[p] = i
-    return first, nxt
+# random_parents (window 6: deep and bushy, like DDTree's best-first trees) and links: tests/gpu/draft_trees.py
+from draft_trees import links, random_parents  # noqa: E402, F401
 
 
 def path(parents: list[int], i: int) -> list[int]:

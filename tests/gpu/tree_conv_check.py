@@ -16,71 +16,29 @@ from __future__ import annotations
 
 import os
 import sys
-import types
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import sglang_loader  # noqa: E402
-
-
-def _stub_jit_utils() -> None:
-    """0.5.23's conv module imports ``is_arch_support_pdl`` from sglang.kernels.jit.utils (heavy); stand in."""
-    name = "sglang.kernels.jit.utils"
-    if name in sys.modules:
-        return
-    stub = types.ModuleType(name)
-
-    def pdl() -> bool:
-        return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9
-
-    stub.is_arch_support_pdl = pdl
-    for pkg in ("sglang", "sglang.kernels", "sglang.kernels.jit"):
-        for root in map(Path, sglang_loader.ROOTS):
-            folder = root.joinpath(*pkg.split("."))
-            if folder.is_dir():
-                sglang_loader._ensure_package(pkg, folder)
-    sys.modules[name] = stub
+from draft_trees import links, random_parents  # noqa: E402
 
 
 def kernels(roots=None):
     """(upstream conv module, DDTree's tree conv module)."""
     roots = roots or sglang_loader.ROOTS
-    _stub_jit_utils()
+    sglang_loader.stub_jit_utils()
     up = sglang_loader.load_module(roots, "sglang.kernels.ops.mamba.causal_conv1d_triton")
     mine = sglang_loader.load_module(roots, "sglang.srt.speculative.ddtree_tree_conv")
     return up, mine
-
-
-def random_parents(T: int, gen: torch.Generator, chain: bool = False) -> list[int]:
-    """Root 0 (parent -1); each node's parent drawn from the last few nodes (deep and bushy), or a chain."""
-    parents = [-1]
-    for i in range(1, T):
-        parents.append(i - 1 if chain else int(torch.randint(max(0, i - 4), i, (1,), generator=gen)))
-    return parents
-
-
-def links(parents: list[int]) -> tuple[list[int], list[int]]:
-    """First child and next sibling of every node (-1 none), children in index order."""
-    T = len(parents)
-    first, nxt = [-1] * T, [-1] * T
-    last_child = {}
-    for i in range(1, T):
-        p = parents[i]
-        if first[p] == -1:
-            first[p] = i
-        else:
-            nxt[last_child[p]] = i
-        last_child[p] = i
-    return first, nxt
 
 
 def run_pair(up, mine, *, bs: int, T: int, dim: int, width: int, bias: bool, link_dtype, act, seed: int,
              device: str, chain: bool = False) -> dict:
     """Both kernels on one random problem; returns {"equal": {...}, "T": ..} (equal: every output bitwise)."""
     gen = torch.Generator().manual_seed(seed)
-    parents = [random_parents(T, gen, chain) for _ in range(bs)]
+    parents = [random_parents(T, gen, window=4, chain=chain) for _ in range(bs)]
     nt, ns = zip(*(links(p) for p in parents), strict=True)
     n_lines = bs + 3
     x = torch.randn(bs, T, dim, generator=gen).to(device, act)
