@@ -101,8 +101,12 @@ def test_the_grid_is_the_issues(built):
         assert (s[name]["--speculative-ddtree-state-forking"], s[name]["--speculative-ddtree-topk"]) == ("on", "fused")
     assert s["ddtree-b64-nofork"]["--speculative-ddtree-state-forking"] == "off"
     assert s["ddtree-b64-torchtopk"]["--speculative-ddtree-topk"] == "torch"
-    assert s["ddtree-b64-upstreamconv"]["--speculative-ddtree-tree-conv"] == "upstream"
-    assert all("--speculative-ddtree-tree-conv" not in a for n, a in s.items() if n != "ddtree-b64-upstreamconv")
+    upstream_conv = {"ddtree-b64-upstreamconv": "64", "ddtree-b15-upstreamconv": "15"}
+    for name, b in upstream_conv.items():
+        assert s[name]["--speculative-ddtree-tree-conv"] == "upstream"
+        assert s[name]["--speculative-ddtree-budget"] == b
+        assert (s[name]["--speculative-ddtree-state-forking"], s[name]["--speculative-ddtree-topk"]) == ("on", "fused")
+    assert all("--speculative-ddtree-tree-conv" not in a for n, a in s.items() if n not in upstream_conv)
     assert "--disable-cuda-graph" not in {f for a in s.values() for f in a}
     assert all(a["--cuda-graph-max-bs-decode"] == "8" for a in s.values())
 

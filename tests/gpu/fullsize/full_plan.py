@@ -95,6 +95,9 @@ SERVERS = (
     # Patch 0004's switch: the same release with 0.5.23's tree conv, for the side-by-side step cost.
     Server("ddtree-b64-upstreamconv", "ddtree-b64", 64, 8, features=FULL,
            extra=("--speculative-ddtree-tree-conv", "upstream")),
+    # The same at budget 15, where the kernels alone gain least (T = 16): does 0004 cost anything there?
+    Server("ddtree-b15-upstreamconv", "ddtree-b15", 15, 8, features=FULL,
+           extra=("--speculative-ddtree-tree-conv", "upstream")),
 )
 
 TARGET_SHAPE = budget.QWEN3_6_27B
