@@ -93,3 +93,16 @@ def test_the_runner_reads_the_forking_buffers_from_the_server_log():
     assert m["forking_gib"] == 20.65 and m["ssm_state_gib"] == 2.25
     assert len(m["lines"]) == 2
     assert full_runner.memory_from_log("nothing") == {"lines": []}
+
+
+RECORDED = sorted((Path(__file__).resolve().parents[2] / "docs" / "results").glob("fullsize-*"))
+
+
+@pytest.mark.parametrize("folder", RECORDED, ids=[p.name for p in RECORDED])
+def test_the_recorded_acceptance_table_is_what_its_raw_results_give(folder, tmp_path):
+    """docs/benchmarks.md quotes these tables: each must come out of the raw results next to it, the calls
+    merged in their order (a later call's server wins), by the script in the repository."""
+    calls = sorted(folder.glob("results-call*.json"))
+    assert calls, f"{folder}: no raw results"
+    assert analysis.main([*map(str, calls), "--out", str(tmp_path)]) == 0
+    assert (tmp_path / "acceptance.md").read_text() == (folder / "acceptance.md").read_text()
