@@ -116,6 +116,7 @@ def test_a_trace_without_steps_says_so_and_the_cli_reads_gzip(tmp_path, capsys):
 
 @pytest.mark.parametrize("name,kind", [("fused_recurrent_gated_delta_rule_fwd_kernel", "verify_gdn"),
                                        ("_causal_conv1d_update_kernel", "verify_gdn"),
+                                       ("_ddtree_tree_conv_kernel", "verify_gdn"),  # patch 0004
                                        ("_fwd_grouped_kernel_stage1", "verify_attention"),
                                        ("nvjet_tst_128x64", "verify_rest")])
 def test_kernel_names_map_to_the_verify_parts(name, kind):

@@ -47,8 +47,8 @@ STEP_FUNCTIONS = re.compile(r"speculative/ddtree_decode\.py\(\d+\): forward_deco
 PREFIX = "sgdeploy_full::"
 RANGE_PART = {"draft": "draft", "topk": "topk", "tree": "tree_mask", "mask": "tree_mask", "verify": "commit",
               "fork_commit": "commit", "draft_kv": "commit", "target_forward": "verify"}
-GDN = ("delta_rule", "gated_delta", "causal_conv1d", "conv1d", "gdn", "fused_recurrent", "sigmoid_gating",
-       "chunk_scaled_dot", "l2norm")
+GDN = ("delta_rule", "gated_delta", "causal_conv1d", "conv1d", "tree_conv", "gdn", "fused_recurrent",
+       "sigmoid_gating", "chunk_scaled_dot", "l2norm")  # tree_conv: patch 0004's _ddtree_tree_conv_kernel
 ATTENTION = ("_fwd_kernel", "fwd_grouped", "attention", "attn", "flash", "decode_att", "extend_att")
 PARTS = ("draft", "topk", "tree_mask", "verify_attention", "verify_gdn", "verify_rest", "commit", "other")
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
