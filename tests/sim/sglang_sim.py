@@ -22,6 +22,7 @@ import os
 import queue
 import random
 import re
+import select
 import signal
 import socket
 import sys
@@ -738,6 +739,7 @@ def _number(body: dict, key: str, default, kind, lo, hi=None):
 
 class Handler(BaseHTTPRequestHandler):
     server_version = "sglang_sim/" + BASE_VERSION
+    timeout = 60  # seconds a connection may sit idle: bounds the exit's wait for handler threads
     sim: Sim  # set on the class by make_handler
 
     def log_message(self, format, *args):  # noqa: A002 - BaseHTTPRequestHandler's signature
@@ -1019,9 +1021,22 @@ class Handler(BaseHTTPRequestHandler):
 
 
 class Server(ThreadingHTTPServer):
-    daemon_threads = True
+    # Handler threads are joined by server_close() (block_on_close), so that the exit after a drain does
+    # not tear a request that was accepted and is being answered (503 while draining): see close_listening.
+    daemon_threads = False
+    block_on_close = True
     request_queue_size = 128
     allow_reuse_address = True  # SO_REUSEADDR: TIME_WAIT leftovers do not block a restart; a listener does
+
+    def close_listening(self) -> None:
+        """Stop accepting without tearing what was accepted: stop the accept loop, answer every connection
+        already waiting in the listen backlog, close the listening socket, then wait for the handler threads
+        (their sockets time out after the handler's ``timeout``). A connection that completes its handshake
+        between the last accept and the close is reset by the kernel: a window of microseconds."""
+        self.shutdown()
+        while select.select([self.socket], [], [], 0)[0]:
+            self._handle_request_noblock()
+        self.server_close()
 
 
 def make_server(host: str, port: int, sim_holder: type) -> Server:
@@ -1144,7 +1159,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         time.sleep(0.05)
     log("All in-flight requests finished. Gracefully exiting.")
-    server.server_close()
+    server.close_listening()
     return 0
 
 
