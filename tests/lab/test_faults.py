@@ -94,6 +94,13 @@ def recovering_deploy(lab, config: str = "lab-slow-start") -> str:
     return out
 
 
+def unit_journals(lab, *units: str, host: str = "lab1") -> str:
+    """The last lines of the units' journals on the host (for a failed assertion's message)."""
+    names = " ".join(f"-u {u}" for u in units)
+    cmd = f"journalctl {names} --since -15min --no-pager -o short-precise | tail -60"
+    return lab.ssh(host, cmd, check=False).stdout
+
+
 def journal_at(step: str) -> str:
     return f"grep -q '\"step\": \"{step}\"' {STATE}/txn/journal.json"
 
@@ -120,8 +127,12 @@ def a_signal_is_rolled_back_by_the_next_deploy(lab, sig: int, step: str, config:
     out = recovering_deploy(lab, config)
     assert "took over the deploy lock" in out and "its controller process is gone" in out, out[-4000:]
     record = newest_record(lab, config)
-    assert record["outcome"] == "rolled_back" and record["rollback"]["interrupted_step"] == step, record
+    assert record["outcome"] == "rolled_back" and record["rollback"]["interrupted_step"] == step, (
+        json.dumps(record, indent=1) + "\n" + out[-4000:] + "\n" + unit_journals(lab, B15, f"sglang-{config}.service"))
     assert "interrupted switch" in record["message"] and record["rollback"]["restored"] == [B15], record
+    # How each restored service's health wait ended is in the record (the reason, when it is not healthy).
+    healthy = f"http://{lab.address('lab1')}:30000/health answers 200"
+    assert [h.split(" (")[0] for h in record["rollback"]["health"]] == [healthy], record
     # `make status LIMIT=lab1` lists the interrupted config as rolled back (its table runs on localhost, which
     # LIMIT= keeps in the play since session 8).
     table = subprocess.run(["make", "-s", "--no-print-directory", "status", f"INVENTORY={lab.inventory}", "LIMIT=lab1"],
