@@ -48,6 +48,8 @@ STEPS = {
 def test_a_signal_during_the_gates_or_the_port_wait_is_rolled_back_by_the_next_deploy(lab, where, sig):
     case = {k: v.replace("ADDRESS", lab.address("lab1")) for k, v in STEPS[where].items()}
     a_signal_is_rolled_back_by_the_next_deploy(lab, sig, **case)
+
+
 STRAY = "stray-port-30000"  # a transient unit that takes the old engine's port
 
 
