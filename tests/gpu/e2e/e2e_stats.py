@@ -200,3 +200,18 @@ def merge_histograms(hists: Iterable[Sequence[int] | None]) -> dict:
         for k, v in enumerate(h or ()):
             total[k] += int(v)
     return {str(k): total[k] for k in sorted(total)}
+
+
+LOOP_NGRAM, LOOP_TIMES = 8, 3
+
+
+def looping(ids: Sequence[int], n: int = LOOP_NGRAM, times: int = LOOP_TIMES) -> bool:
+    """Whether an output has fallen into a repeated loop: some run of ``n`` tokens occurs ``times`` times or more
+    (a small trained model's greedy output often repeats a line; acceptance is then easy and says less)."""
+    seen: dict[tuple, int] = {}
+    for i in range(len(ids) - n + 1):
+        key = tuple(ids[i:i + n])
+        seen[key] = seen.get(key, 0) + 1
+        if seen[key] >= times:
+            return True
+    return False
