@@ -37,6 +37,8 @@ def test_every_server_carries_its_configs_rendered_flags(set_name):
         harness = pairs(entry["args"])
         # the tp2 set (issue 25) replaces the config's tensor parallelism too, and nothing else
         replaced = REPLACED | ({"--tp-size"} if set_name == "tp2" else set())
+        if set_name in ("budget", "judge") and "nofork" in entry["name"]:
+            replaced |= {"--speculative-ddtree-topk"}  # the field's nofork configs use torch; issue 32 asks fused
         for flag, value in deployed.items():
             assert flag in harness, (entry["name"], flag)
             if flag not in replaced:
@@ -100,7 +102,8 @@ def test_the_tp2_set_runs_ar_and_ddtree_b15_b64_over_both_gpus():
         assert "--enable-nccl-nvls" not in s["args"], name
         assert "--disable-cuda-graph" not in s["args"] and "--disable-overlap-schedule" not in s["args"], name
         # the same server as in the single-GPU graphs set, tensor parallelism and the ports aside
-        def same(a, skip=("--tp-size", "--port", "--nccl-port")):
+        # (the tp2 set stays on the tiny vocabulary-16 models, graphs runs on the trained pair: plan.TINY_SETS)
+        def same(a, skip=("--tp-size", "--port", "--nccl-port", "--model-path", "--speculative-draft-model-path")):
             return {k: v for k, v in a.items() if k not in skip}
 
         assert same(args) == same(pairs(graphs[name]["args"])), name
@@ -122,3 +125,36 @@ def test_single_gpu_sets_keep_tp1_and_their_env():
         for s in plan.build(name)["servers"]:
             assert s["tp_size"] == 1 and pairs(s["args"])["--tp-size"] == "1", (name, s["name"])
             assert s["env"] == dict(spec.load(s["config"]).serving.env), (name, s["name"])
+
+
+def test_learned_sets_load_the_trained_pair_and_tiny_sets_keep_the_random_models():
+    """Issue 32 item 5: the losslessness sets (graphs, recheck, treeconv) and the budget / judge sets serve the
+    trained pair (tests/gpu/learned) with its held-out prompts; the sets named in TINY_SETS keep the tiny models."""
+    for name in plan.SETS:
+        p = plan.build(name)
+        root = plan.MODELS if name in plan.TINY_SETS else plan.LEARNED
+        assert p["models"] == root and p["learned"] == (root == plan.LEARNED), name
+        assert p["prompts"] == (f"{plan.LEARNED}/prompts.json" if p["learned"] else None), name
+        for s in p["servers"]:
+            assert pairs(s["args"])["--model-path"] == f"{root}/target", (name, s["name"])
+    assert {"graphs", "recheck", "treeconv", "budget", "judge"}.isdisjoint(plan.TINY_SETS)
+
+
+def test_the_budget_set_covers_every_budget_cap_and_forking_off():
+    """Issue 32 item 2: AR, DFLASH 16, DDTREE 8 / 15 / 32 / 64 at caps 4 / 8 / 16 (a cap at most the budget) with
+    forking on, and forking off at cap 8 for every budget (and 64 / 16), CUDA graphs and overlap on, fused top-k."""
+    servers = {s["name"]: s for s in plan.build("budget")["servers"]}
+    trees = [s for s in servers.values() if s["algorithm"] == "DDTREE"]
+    on = {(s["budget"], s["topk_cap"]) for s in trees if s["state_forking"]}
+    off = {(s["budget"], s["topk_cap"]) for s in trees if not s["state_forking"]}
+    assert on == {(8, 4), (8, 8), (15, 4), (15, 8), (32, 4), (32, 8), (32, 16), (64, 4), (64, 8), (64, 16)}
+    assert off == {(8, 8), (15, 8), (32, 8), (64, 8), (64, 16)}
+    assert {s["algorithm"] for s in servers.values()} == {"NONE", "DFLASH", "DDTREE"}
+    for s in servers.values():
+        args = pairs(s["args"])
+        assert "--disable-cuda-graph" not in s["args"] and "--disable-overlap-schedule" not in s["args"], s["name"]
+        if s["algorithm"] == "DDTREE":
+            assert args["--speculative-ddtree-budget"] == str(s["budget"]), s["name"]
+            assert args["--speculative-ddtree-topk-cap"] == str(s["topk_cap"]), s["name"]
+            assert args.get("--speculative-ddtree-topk") == "fused", s["name"]
+            assert args["--speculative-ddtree-state-forking"] == ("on" if s["state_forking"] else "off"), s["name"]

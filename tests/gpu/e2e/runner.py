@@ -59,10 +59,28 @@ def say(*parts) -> None:
         print(f"[t+{time.time() - T0:5.0f}s]", *parts, flush=True)
 
 
+KINDS: list[str] = []  # the kind of each prompt (learned sets: code / prose), empty for the tiny models
+TEXTS: list[str] = []
+
+
 def prompts(n: int = PROMPTS, seed: int = SEED) -> list[list[int]]:
     """Token-id prompts: ids 1 .. VOCAB - 2 (0 is EOS, VOCAB - 1 the drafter's mask token)."""
     rng = random.Random(seed)
     return [[rng.randrange(1, VOCAB - 1) for _ in range(rng.randrange(4, 13))] for _ in range(n)]
+
+
+def use_plan(plan: dict) -> list[list[int]]:
+    """The plan's prompts: the trained pair's held-out prompts (prompts.json, code and prose) or random tiny ids;
+    sets MAX_NEW, VOCAB, KINDS and TEXTS to match."""
+    global MAX_NEW, VOCAB, KINDS, TEXTS
+    MAX_NEW = int(plan.get("max_new") or MAX_NEW)
+    if not plan.get("prompts"):
+        return prompts()
+    data = json.loads(Path(plan["prompts"]).read_text())
+    VOCAB = int(data["vocab"])
+    KINDS = [p["kind"] for p in data["prompts"]]
+    TEXTS = [p["text"] for p in data["prompts"]]
+    return [list(p["ids"]) for p in data["prompts"]]
 
 
 def http(port: int, path: str, body: dict | None = None, timeout: float = 120.0):
@@ -275,12 +293,45 @@ def profile(server: ServerProc, ps: list[list[int]]) -> dict:
         return {"error": f"{type(err).__name__}: {str(err)[:300]}"}
 
 
-def gates(server: ServerProc) -> dict:
+def timing(server: ServerProc, ps: list[list[int]]) -> dict:
+    """Speed with this server alone on the GPU (the others idle): batch 1 (requests one after another) and batch 8
+    (8 in flight), MAX_NEW greedy tokens each, wall-clock (CUDA graphs replay inside the server; the host loop is in
+    the time). Step time at batch 1: the request's time over its verify steps (AR: over its tokens)."""
+    port = server.port
+    pick = ps[:2] + ps[-2:] if len(ps) >= 4 else ps
+    out: dict = {}
+    try:
+        generate(port, ps[0], 8)  # one short request first: nothing of the timing is a first call
+        one = [generate(port, p, MAX_NEW) for p in pick]
+        toks = sum(len(r.get("ids") or []) for r in one)
+        wall = sum(r["s"] for r in one)
+        steps = [r["s"] / (r.get("verify_ct") or len(r.get("ids") or []) or 1) for r in one]
+        out["batch1"] = {"requests": len(one), "tokens": toks, "wall_s": round(wall, 3),
+                         "tokens_per_s": round(toks / wall, 1) if wall else None,
+                         "step_ms": round(1000 * sum(steps) / len(steps), 3)}
+        many = ps[: 2 * CONCURRENCY]
+        t = time.time()
+        res = run_batch(port, [(p, MAX_NEW) for p in many], generate)
+        wall8 = time.time() - t
+        toks8 = sum(len(r.get("ids") or []) for r in res if "error" not in r)
+        out["batch8"] = {"requests": len(res), "errors": [r["error"] for r in res if "error" in r][:3],
+                         "tokens": toks8, "wall_s": round(wall8, 3),
+                         "tokens_per_s": round(toks8 / wall8, 1) if wall8 else None}
+    except Exception as err:  # noqa: BLE001
+        out["error"] = f"{type(err).__name__}: {str(err)[:300]}"
+    return out
+
+
+def gates(server: ServerProc, min_accept: float | None = None, accept_from: str | None = None) -> dict:
     from sgdeploy import gate, serving
 
     url = f"http://127.0.0.1:{server.port}"
     e = server.entry
-    th = gate.GateThresholds.from_mapping(e["gates"])
+    mapping = dict(e["gates"])
+    if min_accept is not None or "accept_baseline" in e["tags"]:
+        # the trained pair: the acceptance minimum comes from the DFLASH server's measured acceptance (judge set)
+        mapping["min_accept_length"] = min_accept
+    th = gate.GateThresholds.from_mapping(mapping)
     warm = serving.warmup(url, th.warmup_requests, 32, timeout=120)
     report = gate.run_all(url, th, e["speculative"], bench_timeout=180)
     metrics = {}
@@ -292,10 +343,56 @@ def gates(server: ServerProc) -> dict:
     except Exception as err:  # noqa: BLE001
         in_flight = f"{type(err).__name__}: {err}"
     out = {"warmup": warm.to_dict(), "report": report.to_dict(), "summary": report.summary(),
-           "metrics": metrics, "in_flight": in_flight}
+           "metrics": metrics, "in_flight": in_flight, "min_accept_length": mapping.get("min_accept_length"),
+           "min_accept_from": accept_from}
     if {"exactness", "exactness_reference"} & set(e["tags"]):
         out["exactness_answers"] = exactness_answers(url)
+    if "sweep" in e["tags"]:
+        out["sweep_bench"] = sweep_bench(url)
     return out
+
+
+def sweep_bench(url: str) -> dict:
+    """The sweep's own measurement of a variant (sgdeploy.sweep.Sweep.measure: bench.run with the sweep's defaults)
+    on the held-out prompts' texts (the trained pair knows Python source, not the project's English bench prompts)."""
+    from sgdeploy import bench
+
+    items = [{"id": f"{k}-{i}", "text": t} for i, (k, t) in enumerate(zip(KINDS, TEXTS, strict=False))]
+    prompts_ = bench.parse_prompts(items, "prompts.json") if items else bench.load_prompts()
+    return bench.run(url, prompts_, 16, 4, MAX_NEW, 240).to_dict()
+
+
+def sweep_report(servers: dict, results: dict, out: Path) -> None:
+    """The sweep's report (sgdeploy.report: rows, cliffs, recommendation, results.md, sweep.png) over the judge set's
+    DDTree gate servers, each row as sgdeploy.sweep.Sweep.row_from_bench makes it, with the exactness verdict."""
+    from sgdeploy import report
+
+    rows = []
+    verdicts = (results.get("exactness") or {}).get("verdicts", {})
+    for n, s in servers.items():
+        b = (results.get(n, {}).get("gates") or {}).get("sweep_bench")
+        if not b:
+            continue
+        e = s.entry
+        ok = b["completed"] > 0 and b["accept_length_mean"] is not None
+        v = verdicts.get(n, {})
+        rows.append(report.variant_row(
+            e["budget"], e["topk_cap"], accept_length_mean=b["accept_length_mean"],
+            accept_length_sd=b["accept_length_stdev"], tokens_per_s=b["tokens_per_s"] if ok else None,
+            step_time_ms=b["step_time_ms_mean"], requests=b["requests"], failures=b["failed"],
+            status="ok" if ok else "failed", error=None if ok else "no completed request", config=e["config"],
+            reproduce_state_leak=not e["state_forking"],
+            exactness={"verdict": v.get("verdict"), "reason": v.get("reason")} if v else None))
+    if not rows:
+        results["sweep"] = {"error": "no sweep rows"}
+        return
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    res = report.build_results(config="trained pair (tests/gpu/learned)", host="h200", started=stamp,
+                               finished=stamp, variants=rows)
+    paths = report.write(res, out / "sweep")
+    results["sweep"] = {"recommendation": res["recommendation"], "best": res["best"], "fastest": res["fastest"],
+                        "cliff": res["cliff"], "warning": res["warning"],
+                        "files": {k: str(v) for k, v in paths.items()}}
 
 
 def exactness_answers(url: str) -> dict:
@@ -424,6 +521,8 @@ def analyse(servers: dict, results: dict, ps: list, deadline: float) -> None:
                 "worst_gap": max((x["worst_gap"] for x in tf if x["worst_gap"] is not None), default=None)}
         acc = [c["accept_length"] for c in cand if c.get("accept_length")]
         r["accept_length_mean"] = round(sum(acc) / len(acc), 4) if acc else None
+        if KINDS:
+            r["by_kind"] = by_kind(cand)
         r["server_hist"] = stats.merge_histograms(c.get("hist") for c in cand)
         r["errors"] = [c["error"] for c in cand if "error" in c][:5]
         if "logprobs" in ex:
@@ -443,6 +542,22 @@ def analyse(servers: dict, results: dict, ps: list, deadline: float) -> None:
         r["experiment_summary"] = ex_small
 
 
+def by_kind(cand: list[dict]) -> dict:
+    """Accept length (tokens over verify steps, as the server counts it) per prompt kind, with and without the
+    outputs that fell into a repeated loop (e2e_stats.looping), and the share of looping outputs."""
+    out: dict = {}
+    loops = [stats.looping(c.get("ids") or []) for c in cand]
+    for kind in ("all", "code", "prose"):
+        rows = [(c, lp) for c, lp, k in zip(cand, loops, KINDS, strict=False) if kind in ("all", k) and "error" not in c]
+        for which, keep in (("with_loops", lambda lp: True), ("without_loops", lambda lp: not lp)):
+            sel = [c for c, lp in rows if keep(lp)]
+            steps = sum(c.get("verify_ct") or 0 for c in sel)
+            toks = sum(c.get("completion_tokens") or len(c.get("ids") or []) for c in sel)
+            out[f"{kind}_{which}"] = {"outputs": len(sel), "accept_length": round(toks / steps, 4) if steps else None}
+        out[f"{kind}_loop_share"] = round(sum(lp for _, lp in rows) / len(rows), 4) if rows else None
+    return out
+
+
 def summary_lines(results: dict) -> list[str]:
     lines = []
     for name, r in results.items():
@@ -457,6 +572,14 @@ def summary_lines(results: dict) -> list[str]:
             parts.append(f"tf-outside {tf['outside_rule']}/{tf['tokens_checked']}")
         if r.get("accept_length_mean"):
             parts.append(f"accept {r['accept_length_mean']}")
+        bk = r.get("by_kind")
+        if bk:
+            parts.append(f"code {bk['code_with_loops']['accept_length']} prose {bk['prose_with_loops']['accept_length']}"
+                         f" noloop {bk['all_without_loops']['accept_length']} loops {bk['all_loop_share']}")
+        tm = r.get("timing")
+        if tm and "batch1" in tm:
+            parts.append(f"tok/s b1 {tm['batch1']['tokens_per_s']} b8 {tm.get('batch8', {}).get('tokens_per_s')}"
+                         f" step {tm['batch1']['step_ms']} ms")
         p = r.get("paths")
         if p:
             parts.append(f"nonfirst {p['nonfirst_sibling_share']} 2+ {p['two_plus_share']} bs {p['batch_sizes']}")
@@ -470,6 +593,11 @@ def summary_lines(results: dict) -> list[str]:
         lines.append(" | ".join(str(x) for x in parts))
     for name, v in (results.get("exactness") or {}).get("verdicts", {}).items():
         lines.append(f"exactness {name}: {v['verdict']}: {v.get('reason')}")
+    if results.get("accept_minimum"):
+        lines.append(f"acceptance minimum: {results['accept_minimum']}")
+    if results.get("sweep"):
+        sw = results["sweep"]
+        lines.append(f"sweep: {sw.get('recommendation') or sw.get('error')}")
     return lines
 
 
@@ -517,13 +645,27 @@ def main(argv: list[str] | None = None) -> int:
         for n in pending:
             results[n].update(status="not serving by the deadline", log_errors=servers[n].errors())
         save()
-        ps = prompts()
+        ps = use_plan(plan)
+        results.update(prompts=len(ps), max_new=MAX_NEW, kinds=KINDS)
         live = [s for s in servers.values() if s.status == "serving"]
+        first = [s for s in live if "accept_baseline" in s.entry["tags"]]
+        min_accept = None
+        if first:  # the judge set: the DFLASH server's gates first; its measured acceptance is the others' minimum
+            try:
+                results[first[0].name]["gates"] = g = gates(first[0])
+                min_accept = ((g["report"].get("bench") or {}).get("accept_length_mean"))
+                say(first[0].name, "gates done; acceptance minimum for the others:", min_accept)
+            except Exception as err:  # noqa: BLE001
+                results[first[0].name]["gates_error"] = f"{type(err).__name__}: {str(err)[:500]}"
+            results["accept_minimum"] = {"from": first[0].name, "value": min_accept}
+            live = [s for s in live if s not in first]
         with cf.ThreadPoolExecutor(len(live) or 1) as pool:
             futs = {}
             for s in live:
-                fn = experiment if s.entry["role"] == "experiment" else (lambda srv, *_: gates(srv))
-                futs[pool.submit(fn, s, ps, args.deadline)] = s
+                if s.entry["role"] == "experiment":
+                    futs[pool.submit(experiment, s, ps, args.deadline)] = s
+                else:
+                    futs[pool.submit(gates, s, min_accept, first[0].name if first else None)] = s
             for f in cf.as_completed(futs):
                 s = futs[f]
                 key = "experiment" if s.entry["role"] == "experiment" else "gates"
@@ -534,6 +676,15 @@ def main(argv: list[str] | None = None) -> int:
                     results[s.name]["log_errors"] = s.errors()
                 say(s.name, key, "done")
                 save()
+        if plan.get("learned"):
+            for s in (x for x in servers.values() if x.status == "serving" and x.entry["role"] == "experiment"):
+                if time.time() > args.deadline - 100:
+                    results[s.name]["timing"] = {"error": "not run: too close to the deadline"}
+                    continue
+                results[s.name]["timing"] = timing(s, ps)
+                say(s.name, "timing", results[s.name]["timing"].get("batch1", {}).get("tokens_per_s"),
+                    results[s.name]["timing"].get("batch8", {}).get("tokens_per_s"))
+            save()
         if time.time() < args.deadline - 20:
             try:
                 analyse(servers, results, ps, args.deadline)
@@ -544,6 +695,11 @@ def main(argv: list[str] | None = None) -> int:
         else:
             analyse_paths(servers, results)
             exactness_verdicts(servers, results)
+        if any("sweep" in s.entry["tags"] for s in servers.values()):
+            try:
+                sweep_report(servers, results, args.out)
+            except Exception as err:  # noqa: BLE001
+                results["sweep"] = {"error": f"{type(err).__name__}: {str(err)[:500]}"}
         for s in servers.values():
             if s.status == "serving" and s.proc.poll() is not None:
                 results[s.name]["died"] = s.proc.returncode

@@ -222,9 +222,8 @@ def features(model, seqs, layer_ids: list[int], batch: int = 64):
 
 
 def train_drafter(model, seqs, feats, prompt_len: int, seconds: float, curve: list):
-    import torch
-
     import dflash_train as dt
+    import torch
 
     d = RECIPE["drafter"]
     tcfg = model.config
@@ -286,9 +285,8 @@ def looping(ids: list[int]) -> bool:
 def estimate(model, drafter, prompts: list[dict], new: int) -> dict:
     """The linear DFlash walk (block 16) over the target's greedy continuations of the held-out prompts, drafted by
     the trained drafter here: an offline estimate of what the DFLASH server's accept length should be."""
-    import torch
-
     import dflash_train as dt
+    import torch
 
     x = torch.tensor([p["ids"] for p in prompts])
     p_len = x.shape[1]
@@ -340,10 +338,9 @@ def main(argv: list[str] | None = None) -> int:
         (args.out / "train.json").write_text(done.read_text())
         return 0
 
-    import torch
-
     import corpus
     import dflash_train as dt
+    import torch
 
     torch.manual_seed(RECIPE["seed"])
     train_texts, held_texts, facts = corpus.load(corpus.roots(), RECIPE["max_chars"], RECIPE["seed"])
