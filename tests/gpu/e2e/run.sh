@@ -37,9 +37,19 @@ if [ "$learned" = 1 ]; then
   LEFT=$((DEADLINE - $(date +%s)))
   if [ ! -f "$R/learned/done.json" ] || [ "$SET" = train ]; then
     el "learned pair: train (or keep) within $((LEFT - 20)) s"
-    python3 tests/gpu/learned/train_pair.py --models "$R/learned" --out "$OUT/learned" --seconds "$(( (LEFT - 20) * 100 / 125 ))" || exit 1
+    python3 tests/gpu/learned/train_pair.py --models "$R/learned" --out "$OUT/learned" \
+        --seconds "${TRAIN_SECONDS:-$(( (LEFT - 20) * 100 / 125 ))}" || exit 1
   fi
-  [ "$SET" = train ] && { el "done"; exit 0; }
+  if [ "$SET" = train ]; then
+    # With time left: start AR, DFLASH 16 and DDTREE 64 on the pair (a first look at acceptance, and the JIT and
+    # Triton caches warm for the next call on this machine).
+    if [ $((DEADLINE - $(date +%s))) -ge 200 ] && [ -f "$B/plan-budget.json" ]; then
+      el "first look: ar, dflash, ddtree-b64-k16"
+      python3 "$HERE/runner.py" --plan "$B/plan-budget.json" --out "$OUT/check" --deadline "$DEADLINE" \
+          --only ar,dflash,ddtree-b64-k16 --serve-margin 45
+    fi
+    el "done"; exit 0
+  fi
   [ -f "$R/learned/done.json" ] || { echo "run.sh: no trained pair in $R/learned" >&2; exit 1; }
 elif [ ! -f "$R/models/drafter/config.json" ]; then
   el "tiny models"

@@ -347,14 +347,13 @@ def gates(server: ServerProc, min_accept: float | None = None, accept_from: str 
            "min_accept_from": accept_from}
     if {"exactness", "exactness_reference"} & set(e["tags"]):
         out["exactness_answers"] = exactness_answers(url)
-    if "sweep" in e["tags"]:
-        out["sweep_bench"] = sweep_bench(url)
     return out
 
 
 def sweep_bench(url: str) -> dict:
     """The sweep's own measurement of a variant (sgdeploy.sweep.Sweep.measure: bench.run with the sweep's defaults)
-    on the held-out prompts' texts (the trained pair knows Python source, not the project's English bench prompts)."""
+    on the held-out prompts' texts (the trained pair knows Python source, not the project's English bench prompts),
+    with this server alone on the GPU."""
     from sgdeploy import bench
 
     items = [{"id": f"{k}-{i}", "text": t} for i, (k, t) in enumerate(zip(KINDS, TEXTS, strict=False))]
@@ -676,14 +675,20 @@ def main(argv: list[str] | None = None) -> int:
                     results[s.name]["log_errors"] = s.errors()
                 say(s.name, key, "done")
                 save()
-        if plan.get("learned"):
-            for s in (x for x in servers.values() if x.status == "serving" and x.entry["role"] == "experiment"):
-                if time.time() > args.deadline - 100:
+        if plan.get("learned"):  # speed, one server at a time (the others idle)
+            for s in (x for x in servers.values() if x.status == "serving"):
+                if time.time() > args.deadline - 90:
                     results[s.name]["timing"] = {"error": "not run: too close to the deadline"}
-                    continue
-                results[s.name]["timing"] = timing(s, ps)
-                say(s.name, "timing", results[s.name]["timing"].get("batch1", {}).get("tokens_per_s"),
-                    results[s.name]["timing"].get("batch8", {}).get("tokens_per_s"))
+                elif s.entry["role"] == "experiment":
+                    results[s.name]["timing"] = timing(s, ps)
+                    say(s.name, "timing", results[s.name]["timing"].get("batch1", {}).get("tokens_per_s"),
+                        results[s.name]["timing"].get("batch8", {}).get("tokens_per_s"))
+                elif "sweep" in s.entry["tags"] and "gates" in results[s.name]:
+                    try:
+                        results[s.name]["gates"]["sweep_bench"] = sweep_bench(f"http://127.0.0.1:{s.port}")
+                    except Exception as err:  # noqa: BLE001
+                        results[s.name]["sweep_bench_error"] = f"{type(err).__name__}: {str(err)[:300]}"
+                    say(s.name, "sweep bench done")
             save()
         if time.time() < args.deadline - 20:
             try:
