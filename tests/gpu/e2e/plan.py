@@ -183,6 +183,9 @@ JUDGE = (
     *(Server(f"gate-nofork-b{b}", _NOFORK_CONFIG[b], b, 8, role="gate", features=FULL, tags=("exactness", "sweep"),
              fused_topk=True) for b in (32, 64)),
 )
+# Issue 32, the last device minutes of session 12 ("quick"): train, then AR, DFLASH 16, DDTREE 15 / 64 with forking
+# and DDTREE 64 without, in one call.
+QUICK = tuple(s for s in BUDGET if s.name in {"ar", "dflash", "ddtree-b15-k8", "ddtree-b64-k16", "nofork-b64-k16"})
 # Issue 32 in one call ("learned"): both, started together.
 LEARNED_SET = BUDGET + JUDGE
 # The sets that stay on the tiny random vocabulary-16 models, and why: the recorded runs of sessions 6-8 (core,
@@ -190,7 +193,7 @@ LEARNED_SET = BUDGET + JUDGE
 # (rank 1 holds no real row: the defect its run is expected to find). Every other set runs on the trained pair.
 TINY_SETS = {"core", "extra", "final", "gates", "all", "tp2"}
 SETS = {"core": CORE, "extra": EXTRA, "final": FINAL, "gates": GATES, "graphs": GRAPHS, "recheck": RECHECK, "treeconv": TREECONV,
-        "tp2": TP2, "budget": BUDGET, "judge": JUDGE, "learned": LEARNED_SET,
+        "tp2": TP2, "budget": BUDGET, "judge": JUDGE, "learned": LEARNED_SET, "quick": QUICK,
         "all": CORE + tuple(s for s in EXTRA if s.name != "ar")}
 
 

@@ -4,8 +4,9 @@
 The drafter computes what ``sglang/srt/models/dflash.py`` and ``DFlashWorkerV2`` compute at serving time, so
 that what it learns here is what the server drafts with:
 
-- context: the target's residual stream entering each layer of ``target_layer_ids`` (SGLang's Qwen3.5
-  captures "before layer i": HF ``output_hidden_states[i]``), concatenated, then ``fc`` and ``hidden_norm``;
+- context: the output of each target layer of ``target_layer_ids`` (SGLang's Qwen3.5 text model captures
+  before layer i + 1: HF ``output_hidden_states[i + 1]``; ids below layers - 1), concatenated, then ``fc`` and
+  ``hidden_norm``;
   each draft layer turns it into keys and values with its own ``k_proj`` / ``v_proj`` (no input norm),
   ``k_norm`` and RoPE at the context positions (``kv_proj_only``, ``apply_k_norm``, ``apply_k_rope``);
 - the block: the target's embedding of ``[x_t, MASK x (block - 1)]`` at positions ``t .. t + block - 1``,
