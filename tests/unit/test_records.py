@@ -231,7 +231,8 @@ def test_now_shows_what_serves_on_each_host_with_its_last_measured_numbers():
         ("lab1", "ddtree-b15", "serving"),
         ("lab2", "ar", "running, /health does not answer"),
         ("lab2", "ddtree-b32", "NOT RUNNING"),
-        ("lab2", "ddtree-b64", "uncommitted (an interrupted switch; the next deploy or rollback rolls it back), running"),
+        ("lab2", "ddtree-b64",
+         "uncommitted (an interrupted switch; the next deploy or rollback rolls it back), running"),
         ("lab3", None, "nothing deployed by sgdeploy"),
         ("lab4", None, "UNREACHABLE: what serves there is unknown"),
     ]
