@@ -416,10 +416,29 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _check_sweep_hosts(argv: list[str]) -> None:
+    """A sweep's inventory and host, checked as every command that touches hosts checks them (its own
+    parser reads the rest; without --inventory, or with --help, it says what is missing)."""
+    if {"-h", "--help"} & set(argv):
+        return
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    parser.add_argument("--inventory")
+    parser.add_argument("--host")
+    known, _rest = parser.parse_known_args(argv)
+    if known.inventory is not None:
+        target_hosts(known.inventory, known.host, limit_name="--host")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         if argv and argv[0] in DELEGATED:
+            if argv[0] == "sweep":
+                try:
+                    _check_sweep_hosts(argv[1:])
+                except UsageError as err:
+                    print(f"{PROG} sweep: {err}", file=sys.stderr)
+                    return 2
             return _module_main(DELEGATED[argv[0]][0])(argv[1:])
         args = build_parser().parse_args(argv)
         try:

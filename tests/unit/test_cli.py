@@ -184,3 +184,13 @@ def test_gate_names_an_unparsable_inventory(tmp_path):
     line = refused(sgdeploy("gate", "ddtree-b15", "--inventory", bad), "gate")
     assert line == (f"inventory {bad}: Ansible cannot parse it: YAML inventory has invalid structure, it should be a "
                     "dictionary, got: a list")
+
+
+def test_sweep_names_an_unparsable_inventory_and_a_host_outside_gpu_hosts(tmp_path):
+    """Before: `group gpu_hosts has no hosts` for an inventory Ansible could not parse."""
+    bad = inventory(tmp_path, "- gpu-01\n")
+    line = refused(sgdeploy("sweep", "--config", "ddtree-b15", "--inventory", bad), "sweep")
+    assert line.startswith(f"inventory {bad}: Ansible cannot parse it: "), line
+    inv = inventory(tmp_path)
+    line = refused(sgdeploy("sweep", "--config", "ddtree-b15", "--inventory", inv, "--host", "bastion"), "sweep")
+    assert line.startswith(f"--host 'bastion' matches no host of group gpu_hosts in {inv}"), line
