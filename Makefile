@@ -5,6 +5,29 @@
 # environment variables, quoted in the shell ("$$CONFIG"), never as recipe text: a value with
 # `;`, backticks or `$(...)` is one argument, never a command. Keep it so in new targets:
 # write "$$CONFIG", not $(CONFIG), in a recipe (tests/unit/test_makefile.py checks).
+#
+# Every target that touches hosts first checks that its plays have hosts to run on (need_hosts:
+# `sgdeploy hosts`): a missing or unparsable inventory, an empty gpu_hosts group, or a LIMIT/HOST that
+# matches no host of it stops with one line, exit 2, before any play runs.
+#
+# The variables a user sets; `make help` prints these lines (one per variable):
+#: CONFIG=NAME         a config from configs/ (e.g. ddtree-b15) or the path of a .yml file
+#: INVENTORY=FILE      Ansible inventory with the hosts in group gpu_hosts (default: the lab, brought up)
+#: LIMIT=PATTERN       only these hosts of gpu_hosts (an Ansible --limit pattern, e.g. gpu-01)
+#: SERIAL=N|P%         hosts deployed or rolled back at a time: a whole number from 1, or 1% to 100% (default 1)
+#: HOST=NAME           gate, sweep: the host (default: the first of gpu_hosts); reference: only this host
+#: BUDGETS="8 15 ..."  sweep: the DDTree budgets to test (default "8 15 16 32 64")
+#: TOPK_CAPS="4 8"     sweep: the top-k caps to test (default: the config's cap)
+#: CLIFF_DROP=0.25     sweep: the acceptance drop (a fraction) that marks the cliff (default 0.25)
+#: TIE_TOLERANCE=0.03  sweep: tokens/s within this fraction of the fastest is a tie (default 0.03)
+#: PATCHES=a,b         wheel: build these patch features instead of CONFIG's (e.g. ddtree,fork)
+#: PATCH=NAME          patch-work: stop at this patch; patch-diff: the patch to write back
+#: LAB_HOSTS=2         lab: how many hosts lab1..labN (1 to 50)
+#: LAB_NET=127.0.1     lab: host N is LAB_NET.N (inside 127.0.0.0/8, not 127.0.0)
+#: LAB_DIR=build/lab   lab: its folder (hosts, ssh key, apt repository)
+#: LAB_INVENTORY=FILE  lab: the inventory lab-up writes (default inventory/lab.yml)
+#: LAB_GPU_COUNTS="8"  lab: GPUs per host, space-separated (missing entries are 8)
+#: LAB_CACHE=DIR       lab: the shared root filesystem cache (default build/lab-cache)
 
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
@@ -16,6 +39,7 @@ STAMP       := $(VENV)/.installed
 # The programs the recipes run (tests replace them with recorders).
 SGDEPLOY    := $(VENV)/bin/sgdeploy
 ANSIBLE_PLAYBOOK := $(VENV)/bin/ansible-playbook
+PYTEST      := $(PY) -m pytest
 CONFIG      ?=
 INVENTORY   ?=
 LIMIT       ?=
@@ -71,6 +95,26 @@ define maybe_config
 	  echo "CONFIG='$$CONFIG' is not allowed: use $(CONFIG_ALLOWED)" >&2; exit 2; fi
 endef
 
+# SERIAL (deploy, rollback): a whole number from 1 or a percentage from 1% to 100%, checked before anything runs.
+define check_serial
+	@if ! [[ "$$SERIAL" =~ ^[1-9][0-9]*$$ || "$$SERIAL" =~ ^([1-9][0-9]?|100)%$$ ]]; then \
+	  echo "SERIAL='$$SERIAL' is not allowed: use a whole number of hosts at a time from 1 (e.g. SERIAL=2)" \
+	       "or a percentage from 1% to 100% (e.g. SERIAL=25%)" >&2; exit 2; fi
+endef
+
+# The plays have hosts to run on (one line and exit 2 otherwise; see the header). need_hosts: LIMIT
+# narrows gpu_hosts; need_host: HOST does (gate, sweep); need_host_or_limit: HOST, else LIMIT (reference).
+define need_hosts
+	@$(SGDEPLOY) hosts -q --inventory "$$INV" $${LIMIT:+--limit "$$LIMIT" --limit-name LIMIT}
+endef
+define need_host
+	@$(SGDEPLOY) hosts -q --inventory "$$INV" $${HOST:+--limit "$$HOST" --limit-name HOST}
+endef
+define need_host_or_limit
+	@if [ -n "$$HOST" ]; then $(SGDEPLOY) hosts -q --inventory "$$INV" --limit "$$HOST" --limit-name HOST; \
+	 else $(SGDEPLOY) hosts -q --inventory "$$INV" $${LIMIT:+--limit "$$LIMIT" --limit-name LIMIT}; fi
+endef
+
 define ensure_lab
 	@if [ -n "$(USE_LAB)" ]; then \
 	  echo "No INVENTORY given: using the lab ($$LAB_INVENTORY), bringing it up if needed."; \
@@ -81,8 +125,11 @@ endef
 .PHONY: help setup lint test test-unit test-slow test-lab config render validate wheel deploy gate rollback \
         status provision build verify sweep lab-up lab-down lab-status clean
 
-help: ## List the targets
+help: ## List the targets and the variables a user sets
+	@echo "Targets:"
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
+	@echo "Variables (make TARGET VAR=value):"
+	@sed -n 's/^#: /  /p' $(MAKEFILE_LIST)
 
 $(STAMP): requirements.txt pyproject.toml
 	@command -v systemd-analyze >/dev/null || { apt-get update -qq && apt-get install -y -qq systemd >/dev/null; }
@@ -113,43 +160,53 @@ wheel: $(STAMP) ## Build the patched SGLang wheel for CONFIG (or PATCHES=ddtree,
 	@if [ -n "$$PATCHES" ]; then $(SGDEPLOY) wheel --features "$$PATCHES"; else $(SGDEPLOY) wheel --config "$$CONFIG"; fi
 
 deploy: $(STAMP) ## Deploy CONFIG with gates and automatic rollback [INVENTORY= LIMIT= SERIAL=]
+	$(check_serial)
 	$(need_config)
 	@$(SGDEPLOY) validate "$$CONFIG" >/dev/null
 	$(ensure_lab)
+	$(need_hosts)
 	$(ANSIBLE_PLAYBOOK) -i "$$INV" $(LIMIT_ARG) playbooks/deploy.yml -e config="$$CONFIG" -e deploy_serial="$$SERIAL"
 
 gate: $(STAMP) ## Run CONFIG's gates from the controller through an SSH tunnel [HOST= INVENTORY=]
 	$(need_config)
 	$(ensure_lab)
+	$(need_host)
 	@$(SGDEPLOY) gate "$$CONFIG" --inventory "$$INV" $${HOST:+--host "$$HOST"}
 
 rollback: $(STAMP) ## Go back by hand to the previous deploy of CONFIG (replicas one at a time through the router) [INVENTORY= LIMIT= SERIAL=]
+	$(check_serial)
 	$(need_config)
 	$(ensure_lab)
+	$(need_hosts)
 	$(ANSIBLE_PLAYBOOK) -i "$$INV" $(LIMIT_ARG) playbooks/rollback.yml -e config="$$CONFIG" -e rollback_serial="$$SERIAL"
 
-status: $(STAMP) ## Show what runs where, with the last gate numbers [INVENTORY=]
+status: $(STAMP) ## Show what serves on each host now, then the deploy history with gate numbers [INVENTORY= LIMIT=]
 	$(ensure_lab)
+	$(need_hosts)
 	$(ANSIBLE_PLAYBOOK) -i "$$INV" $(LIMIT_ARG) playbooks/status.yml
 
 provision: $(STAMP) ## Provision NVIDIA driver + CUDA [INVENTORY= LIMIT=]
 	$(ensure_lab)
+	$(need_hosts)
 	$(ANSIBLE_PLAYBOOK) -i "$$INV" $(LIMIT_ARG) playbooks/provision.yml
 
-build: $(STAMP) ## Build the wheel for CONFIG and install the release on the hosts
+build: $(STAMP) ## Build the wheel for CONFIG and install the release on the hosts [INVENTORY= LIMIT=]
 	$(need_config)
 	$(ensure_lab)
+	$(need_hosts)
 	$(ANSIBLE_PLAYBOOK) -i "$$INV" $(LIMIT_ARG) playbooks/build.yml -e config="$$CONFIG"
 
 verify: $(STAMP) ## Run the testinfra checks in tests/infra/ against INVENTORY
 	$(maybe_config)
 	$(ensure_lab)
-	$(PY) -m pytest -p no:cacheprovider tests/infra --hosts=ansible://gpu_hosts --ansible-inventory="$$INV" \
+	@$(SGDEPLOY) hosts -q --inventory "$$INV"
+	$(PYTEST) -p no:cacheprovider tests/infra --hosts=ansible://gpu_hosts --ansible-inventory="$$INV" \
 		$${CONFIG:+--config="$$CONFIG"}
 
 sweep: $(STAMP) ## Sweep CONFIG over BUDGETS (and TOPK_CAPS) on one host; report in reports/sweeps/
 	$(need_config)
 	$(ensure_lab)
+	$(need_host)
 	$(SGDEPLOY) sweep --config "$$CONFIG" --inventory "$$INV" --budgets "$$BUDGETS" $${TOPK_CAPS:+--topk-caps "$$TOPK_CAPS"} \
 		$${HOST:+--host "$$HOST"} $${CLIFF_DROP:+--cliff-drop "$$CLIFF_DROP"} $${TIE_TOLERANCE:+--tie-tolerance "$$TIE_TOLERANCE"}
 
@@ -201,6 +258,7 @@ reference: $(STAMP) ## Record CONFIG's exactness reference: its target alone on 
 	$(need_config)
 	@$(SGDEPLOY) validate "$$CONFIG" >/dev/null
 	$(ensure_lab)
+	$(need_host_or_limit)
 	@mkdir -p build/reference
 	@ref="build/reference/reference-$$(basename "$$CONFIG" .yml).yml"; lim=(); \
 	 if [ -n "$$HOST" ]; then lim=(--limit "$$HOST"); elif [ -n "$$LIMIT" ]; then lim=(--limit "$$LIMIT"); fi; \
@@ -213,4 +271,5 @@ plan: $(STAMP) ## Show what a deploy of CONFIG would change, changing nothing (-
 	$(need_config)
 	@$(SGDEPLOY) validate "$$CONFIG" >/dev/null
 	$(ensure_lab)
+	$(need_hosts)
 	$(ANSIBLE_PLAYBOOK) -i "$$INV" $(LIMIT_ARG) playbooks/deploy.yml --check --diff -e config="$$CONFIG"

@@ -3,6 +3,7 @@
     sgdeploy config|validate|render CONFIG ...   the config and its unit (sgdeploy.spec, sgdeploy.render)
     sgdeploy gate CONFIG --inventory INV         a config's gates, through an SSH tunnel to one host
     sgdeploy tunnel CONFIG --inventory INV       forward a local port to a host's service, until Ctrl-C
+    sgdeploy hosts --inventory INV [--limit P]   the hosts of gpu_hosts a play would target (none: exit 2)
     sgdeploy wheel|sweep|bench|records|patchwork  the modules' own command lines (sgdeploy.wheel, ...)
     sgdeploy report DIR                          rewrite a sweep report's results.md and sweep.png
 
@@ -14,13 +15,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
+import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from sgdeploy import models, render, spec
+from sgdeploy import __version__, models, render, spec
 
 PROG = "sgdeploy"
+HOST_GROUP = "gpu_hosts"  # the group every play that touches hosts targets
 
 
 class _Parser(argparse.ArgumentParser):
@@ -181,12 +186,102 @@ def _config_and_host(args: argparse.Namespace) -> tuple[spec.Config, str, dict]:
     from sgdeploy import sweep
 
     config = spec.load(args.config)
+    target_hosts(args.inventory, args.host, limit_name="--host")
     try:
         data = sweep.read_inventory(Path(args.inventory))
         name, hostvars = sweep.pick_host(data, Path(args.inventory), args.host)
     except sweep.UsageError as err:
         raise UsageError(str(err)) from None
     return config, name, hostvars
+
+
+def _ansible_bin(name: str) -> str:
+    local = Path(sys.executable).parent / name
+    return str(local) if local.exists() else name
+
+
+def _parse_failure(stderr: str, inventory: str) -> str:
+    """The reason Ansible gives for not parsing an inventory, in one line: the yaml plugin's for a
+    .yml/.yaml file, the ini plugin's otherwise, else the first plugin's."""
+    reasons = dict(re.findall(r"^\[WARNING\]: Failed to parse inventory with '(\w+)' plugin: (.*)$", stderr, re.M))
+    preferred = ("yaml",) if inventory.endswith((".yml", ".yaml")) else ("ini",)
+    for plugin in (*preferred, *reasons):
+        if plugin in reasons:
+            where = re.search(r"^Origin: (\S+:\d+:\d+)$", stderr, re.M)
+            reason = reasons[plugin].strip()
+            # Ansible names a type by its internal class: "got: <class '..._AnsibleTaggedList'>" says "got: a list".
+            reason = re.sub(r"<class '(?:[\w.]*\.)?(?:_AnsibleTagged)?(\w+)'>", lambda m: "a " + m.group(1).lower(),
+                            reason)
+            return f"{reason} ({where.group(1)})" if where and plugin == "yaml" and "YAML parsing" in reason else reason
+    lines = [line for line in stderr.splitlines() if line.startswith("[ERROR]")]
+    return lines[-1].removeprefix("[ERROR]: ") if lines else "no inventory plugin could read it"
+
+
+def target_hosts(inventory: str, limit: str | None = None, group: str = HOST_GROUP,
+                 limit_name: str = "limit") -> list[str]:
+    """The hosts of ``group`` in ``inventory`` that a play on ``group`` under ``--limit limit`` targets,
+    as Ansible matches them (``ansible-inventory --list --limit``). UsageError, in one line naming the
+    inventory or the limit pattern, when the inventory is missing or unparsable, the group has no host,
+    or the limit (or one of its comma-separated patterns) matches no host of the group."""
+    example = f"an Ansible inventory that lists the hosts in group {group}, as inventory/example.yml does"
+    if not inventory:
+        raise UsageError(f"inventory '': give {example}")
+    if not Path(inventory).exists():
+        raise UsageError(f"inventory {inventory}: no such file or folder; give {example}")
+    env = dict(os.environ, ANSIBLE_INVENTORY_UNPARSED_FAILED="True", ANSIBLE_HOST_PATTERN_MISMATCH="warning",
+               ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0")
+    cmd = [_ansible_bin("ansible-inventory"), "-i", inventory, "--list"]
+    proc = subprocess.run(cmd + (["--limit", limit] if limit else []), capture_output=True, text=True, env=env,
+                          stdin=subprocess.DEVNULL, check=False)
+    try:
+        data = json.loads(proc.stdout) if proc.returncode == 0 else None
+    except ValueError:
+        data = None
+    if not isinstance(data, dict):
+        raise UsageError(f"inventory {inventory}: Ansible cannot parse it: {_parse_failure(proc.stderr, inventory)}")
+    hosts = _group_hosts(data, group)
+    if limit:
+        unmatched = re.findall(r"^\[WARNING\]: Could not match supplied host pattern, ignoring: (.*)$",
+                               proc.stderr, re.M)
+        if unmatched or not hosts:
+            # What the group holds without the limit, to name in the message.
+            every = subprocess.run(cmd, capture_output=True, text=True, env=env, stdin=subprocess.DEVNULL,
+                                   check=False)
+            try:
+                listed = _group_hosts(json.loads(every.stdout), group)
+            except ValueError:
+                listed = []
+            there = f"hosts of {group} there: {', '.join(listed)}" if listed else f"group {group} there has no host"
+            part = (f": '{unmatched[0]}' matches no host" if unmatched and unmatched[0] != limit
+                    else " matches no host" if unmatched else f" matches no host of group {group}")
+            raise UsageError(f"{limit_name} '{limit}'{part} in {inventory} ({there})")
+    elif not hosts:
+        raise UsageError(f"inventory {inventory}: group {group} has no host; give {example}")
+    return hosts
+
+
+def _group_hosts(data: dict, group: str) -> list[str]:
+    out: list[str] = []
+
+    def walk(name: str, seen: set[str]) -> None:
+        if name in seen:
+            return
+        seen.add(name)
+        entry = data.get(name) or {}
+        out.extend(h for h in entry.get("hosts", []) if h not in out)
+        for child in entry.get("children", []):
+            walk(child, seen)
+
+    walk(group, set())
+    return out
+
+
+def cmd_hosts(args: argparse.Namespace) -> int:
+    """Check, before a play runs, that it has hosts to run on; print them one a line (unless --quiet)."""
+    hosts = target_hosts(args.inventory, args.limit or None, args.group, args.limit_name)
+    if not args.quiet:
+        print("\n".join(hosts))
+    return 0
 
 
 def _host_service_url(config: spec.Config, hostvars: dict) -> str:
@@ -256,6 +351,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog=PROG, description=__doc__.split("\n\n")[0],
                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
+    parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="COMMAND")
 
     p = sub.add_parser("config", help="print the fully merged config as YAML")
@@ -302,6 +398,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seconds", type=float, default=None, help=argparse.SUPPRESS)  # tests: close after this
     p.set_defaults(func=cmd_tunnel)
 
+    p = sub.add_parser("hosts", help=f"the hosts of {HOST_GROUP} a play would target; none, or an inventory that "
+                       "cannot be read, is exit 2 with one line")
+    p.add_argument("--inventory", required=True, help="Ansible inventory (file or folder)")
+    p.add_argument("--limit", default="", help="an Ansible --limit pattern (make's LIMIT=, HOST=)")
+    p.add_argument("--group", default=HOST_GROUP, help=f"the group the play targets (default {HOST_GROUP})")
+    p.add_argument("--quiet", "-q", action="store_true", help="print nothing when there are hosts")
+    p.add_argument("--limit-name", default="limit", help=argparse.SUPPRESS)  # how the message names it (LIMIT, HOST)
+    p.set_defaults(func=cmd_hosts)
+
     p = sub.add_parser("report", help="rewrite a sweep report's results.md and sweep.png from its results.json")
     p.add_argument("dir", help="the sweep's report folder (reports/sweeps/<id>) or its results.json")
     p.set_defaults(func=cmd_report)
@@ -311,10 +416,29 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _check_sweep_hosts(argv: list[str]) -> None:
+    """A sweep's inventory and host, checked as every command that touches hosts checks them (its own
+    parser reads the rest; without --inventory, or with --help, it says what is missing)."""
+    if {"-h", "--help"} & set(argv):
+        return
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    parser.add_argument("--inventory")
+    parser.add_argument("--host")
+    known, _rest = parser.parse_known_args(argv)
+    if known.inventory is not None:
+        target_hosts(known.inventory, known.host, limit_name="--host")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         if argv and argv[0] in DELEGATED:
+            if argv[0] == "sweep":
+                try:
+                    _check_sweep_hosts(argv[1:])
+                except UsageError as err:
+                    print(f"{PROG} sweep: {err}", file=sys.stderr)
+                    return 2
             return _module_main(DELEGATED[argv[0]][0])(argv[1:])
         args = build_parser().parse_args(argv)
         try:

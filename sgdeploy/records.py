@@ -4,9 +4,13 @@ The records themselves are built, written and read by ``sglang_deploy_records`` 
 module_utils, the code the host's record and gate modules run (``sgdeploy.host_code``; one
 implementation, docs/gates.md); this module is its command line on the controller.
 
+``make status`` prints ``status_report``: what serves on each host now (from the hosts' current.json,
+as playbooks/status.yml collects them), then the history, one row per record saying what it was
+(a deploy, a sweep variant, a manual rollback, a recovery) with the last measured gate numbers.
+
 Command line (exit 0 done, 1 nothing found, 2 misuse)::
 
-    python -m sgdeploy.records status DIR [--all] [--json]
+    python -m sgdeploy.records status DIR [--all] [--json] [--now NOW_DIR [--hosts H1,H2]]
     python -m sgdeploy.records last-good DIR --config NAME --host HOST [--json]
     python -m sgdeploy.records write DIR --config NAME --host HOST --outcome OUTCOME
         (--release LABEL | --release-json FILE) [--report REPORT.json] [--started ISO]
@@ -16,6 +20,7 @@ Command line (exit 0 done, 1 nothing found, 2 misuse)::
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -39,6 +44,177 @@ from ansible_collections.sgdeploy.host.plugins.module_utils.sglang_deploy_record
     write_json,
     write_record,
 )
+
+# --- what make status shows -----------------------------------------------------------------------------
+
+# A sweep's variant config (sgdeploy.sweep.variant_name), deployed with the smoke gate only.
+_VARIANT = re.compile(r"^(?P<base>.+)-b(?P<budget>\d+)-k(?P<cap>\d+)$")
+_MEASURING_GATES = {"throughput", "acceptance"}
+
+
+def _gate_names(record: dict) -> set:
+    return {g.get("gate") for g in record.get("gates") or [] if isinstance(g, dict)}
+
+
+def _unit_config(unit: str) -> str:
+    """The config of a deploy's unit name (sglang-<config>.service)."""
+    return unit.removeprefix("sglang-").removesuffix(".service")
+
+
+def what_of(record: dict) -> str:
+    """What a record was, in a few words: a deploy (and how it ended), a sweep variant, a manual
+    rollback, the recovery of an interrupted switch."""
+    outcome = record.get("outcome")
+    rollback = record.get("rollback") if isinstance(record.get("rollback"), dict) else {}
+    if rollback.get("manual"):
+        restored = [u for u in rollback.get("restored") or [] if isinstance(u, str)]
+        if outcome == "rolled_back":
+            return "manual rollback" + (f" to {_unit_config(restored[0])}" if restored else "")
+        return "manual rollback, failed (what ran before was restored)"
+    if rollback.get("interrupted_run"):
+        return "recovery of an interrupted switch" + ("" if outcome == "rolled_back" else ", NOT HEALTHY")
+    variant = _VARIANT.match(record.get("config") or "")
+    if variant and not _gate_names(record) & _MEASURING_GATES:
+        kind = (f"sweep variant of {variant['base']} (budget {variant['budget']}, "
+                f"top-k cap {variant['cap']})")
+    else:
+        kind = "deploy"
+    return kind + {"unchanged": ", unchanged", "rolled_back": ", rolled back", "failed": ", failed"}.get(outcome, "")
+
+
+def _numbers(record: dict) -> tuple:
+    bench = record.get("bench") if isinstance(record.get("bench"), dict) else {}
+    return bench.get("accept_length_mean"), bench.get("tokens_per_s")
+
+
+def last_measured(records: list[dict], config: str, host: str, unit_digest: str | None = None,
+                  before: dict | None = None) -> dict | None:
+    """The newest deployed record of ``config`` on ``host`` (older than ``before``, when given) whose
+    gates measured accept length or tokens/s; one of the same unit when ``unit_digest`` is given and
+    such a record exists."""
+    found = []
+    for r in records:
+        if r is before:
+            break
+        if r.get("config") == config and r.get("host") == host and r.get("outcome") == "deployed" \
+                and any(n is not None for n in _numbers(r)):
+            found.append(r)
+    same = [r for r in found if unit_digest and r.get("unit_digest") == unit_digest]
+    return (same or found or [None])[-1]
+
+
+def history_rows(records: list[dict], every: bool = False) -> list[dict]:
+    """``status_rows`` with what each record was (``what``) and, for an unchanged deploy (whose smoke
+    gate measures nothing), the numbers of the last measured deploy of its unit and when they were
+    measured (``measured``)."""
+    chosen = records
+    if not every:
+        latest: dict[tuple, dict] = {}
+        for r in records:
+            latest[(r.get("config"), r.get("host"))] = r
+        chosen = sorted(latest.values(), key=lambda r: (r.get("config") or "", r.get("host") or ""))
+    rows = []
+    for r in chosen:
+        row = status_rows([r], every=True)[0]
+        measured = any(n is not None for n in _numbers(r))
+        row["what"], row["measured"] = what_of(r), r.get("finished") if measured else None
+        if r.get("outcome") == "unchanged" and row["measured"] is None:
+            source = last_measured(records, r.get("config"), r.get("host"), r.get("unit_digest"), before=r)
+            if source:
+                row["accept_length"], row["tokens_per_s"] = _numbers(source)
+                row["measured"] = source.get("finished")
+                row["what"] += f" (numbers of {_when(source.get('finished'))})"
+        rows.append(row)
+    return rows
+
+
+def now_rows(now: dict[str, dict | None], records: list[dict]) -> list[dict]:
+    """What serves on each host now: one row per deploy whose current.json the host has (or one saying
+    nothing is deployed, or that the host did not answer), with the last measured gate numbers of its
+    unit on that host. ``now`` maps each host to what its status module returned (None: no answer)."""
+    rows = []
+    for host, data in now.items():
+        base = {"host": host, "config": None, "state": "", "release": None, "since": None, "accept_length": None,
+                "tokens_per_s": None, "measured": None}
+        if data is None:
+            rows.append(base | {"state": "UNREACHABLE: what serves there is unknown"})
+            continue
+        deployed = [d for d in data.get("deployed") or [] if isinstance(d, dict)]
+        for d in deployed:
+            state = ("serving" if d.get("healthy") else "running, /health does not answer"
+                     if d.get("healthy") is False else "running") if d.get("active") else "NOT RUNNING"
+            source = last_measured(records, d.get("config"), host, d.get("unit_digest"))
+            accept, tps = _numbers(source) if source else (None, None)
+            rows.append(base | {"config": d.get("config"), "state": state, "release": d.get("release"),
+                                "since": d.get("deployed"), "accept_length": accept, "tokens_per_s": tps,
+                                "measured": source.get("finished") if source else None})
+        pending = data.get("uncommitted")
+        if isinstance(pending, dict) and pending.get("config"):
+            rows.append(base | {"config": pending["config"],
+                                "state": "uncommitted (an interrupted switch; the next deploy or rollback rolls it "
+                                         "back), " + ("running" if pending.get("active") else "not running")})
+        if not deployed and not pending:
+            rows.append(base | {"state": "nothing deployed by sgdeploy"})
+    return rows
+
+
+def _when(stamp: str | None) -> str:
+    return (stamp or "-").replace("T", " ")
+
+
+def _num(value, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def _table(head: tuple[str, ...], cells: list[tuple[str, ...]]) -> list[str]:
+    table = [head, *cells]
+    widths = [max(len(line[i]) for line in table) for i in range(len(head))]
+    return ["  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip() for line in table]
+
+
+def history_table(records: list[dict], every: bool = False) -> str:
+    """The history as text: config, host, what it was, release, outcome, gates, exactness, accept
+    length, tokens/s, when."""
+    rows = history_rows(records, every)
+    if not rows:
+        return "no deploy records"
+    head = ("config", "host", "what", "release", "outcome", "gates", "exactness", "accept", "tok/s", "when")
+    return "\n".join(_table(head, [(r["config"] or "-", r["host"] or "-", r["what"], r["release"] or "-",
+                                    r["outcome"] or "-", r["gates"], r["exactness"], _num(r["accept_length"], ".2f"),
+                                    _num(r["tokens_per_s"], ".1f"), _when(r["finished"])) for r in rows]))
+
+
+def now_table(now: dict[str, dict | None], records: list[dict]) -> str:
+    rows = now_rows(now, records)
+    if not rows:
+        return "no host"
+    head = ("host", "serves now", "state", "release", "since", "accept", "tok/s", "measured")
+    return "\n".join(_table(head, [(r["host"], r["config"] or "-", r["state"], r["release"] or "-",
+                                    _when(r["since"]) if r["since"] else "-", _num(r["accept_length"], ".2f"),
+                                    _num(r["tokens_per_s"], ".1f"), _when(r["measured"]) if r["measured"] else "-")
+                                   for r in rows]))
+
+
+def status_report(records: list[dict], now: dict[str, dict | None] | None, every: bool = False) -> str:
+    """``make status``: now (when the hosts' state is given), then the history."""
+    history = ("history (every record, oldest first):" if every
+               else "history (the newest record of each config on each host):")
+    parts = [] if now is None else ["now (what serves on each host; numbers: its last measured deploy):",
+                                    now_table(now, records), ""]
+    return "\n".join([*parts, history, history_table(records, every)])
+
+
+def read_now(folder: str | Path, hosts: list[str] | None) -> dict[str, dict | None]:
+    """What ``playbooks/status.yml`` kept of each host (``<host>.json``); a host of ``hosts`` without a
+    file did not answer (None)."""
+    found = {}
+    for path in sorted(Path(folder).glob("*.json")) if Path(folder).is_dir() else []:
+        data = read_json(path, str(path), RecordError)
+        if not isinstance(data, dict):
+            raise RecordError(f"{path}: not a host's status (expected a JSON object)")
+        found[path.stem] = data
+    return {h: found.get(h) for h in hosts} if hosts is not None else found
+
 
 # --- command line ---------------------------------------------------------------------------------------
 
@@ -96,6 +272,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("dir")
     p.add_argument("--all", action="store_true", help="every record, oldest first")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--now", metavar="NOW_DIR", help="the hosts' state (<host>.json from playbooks/status.yml): "
+                   "show what serves on each host now first")
+    p.add_argument("--hosts", help="comma-separated: the hosts asked (one without a file in NOW_DIR did not answer)")
     p = sub.add_parser("last-good", help="path of the newest good record of a config on a host")
     p.add_argument("dir")
     p.add_argument("--config", required=True)
@@ -135,10 +314,13 @@ def main(argv: list[str] | None = None) -> int:
         recs = read_records(args.dir, errors)
         for e in errors:
             print(f"warning: {e}", file=sys.stderr)
+        now = read_now(args.now, _split(args.hosts) if args.hosts is not None else None) if args.now else None
         if args.json:
-            print(json.dumps(status_rows(recs, args.all), indent=2, sort_keys=True))
+            rows = history_rows(recs, args.all)
+            print(json.dumps(rows if now is None else {"now": now_rows(now, recs), "history": rows}, indent=2,
+                             sort_keys=True))
         else:
-            print(status_table(recs, args.all))
+            print(status_report(recs, now, args.all))
         return 0
     except RecordError as err:
         print(f"{parser.prog} {args.command}: {err}", file=sys.stderr)

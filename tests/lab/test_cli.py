@@ -10,6 +10,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 SGDEPLOY = Path(sys.executable).parent / "sgdeploy"
 PORT = 30555  # not a port the lab's deploy tests use
@@ -48,3 +50,126 @@ def test_tunnel_forwards_a_local_port_to_the_service_address_on_the_host(lab, tm
             proc.kill()
             proc.wait()
         lab.ssh("lab1", f"kill {pid}; rm -rf /tmp/tunnel-probe", check=False)
+
+
+# --- No silent success, SERIAL, make status (issues 33 and 34) ------------------------------------------
+
+USER_VARS = ("CONFIG", "INVENTORY", "LIMIT", "SERIAL", "LAB_HOSTS", "BUDGETS", "TOPK_CAPS", "CLIFF_DROP",
+             "TIE_TOLERANCE", "HOST", "PATCHES", "PATCH", "INV")
+EXAMPLE = ("give an Ansible inventory that lists the hosts in group gpu_hosts, as inventory/example.yml does")
+
+
+def make(lab, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in lab.ansible_env().items()
+           if not k.startswith(("MAKE", "MFLAGS")) and k not in USER_VARS}
+    return subprocess.run(["make", "-s", "--no-print-directory", *args], cwd=REPO, env=env, text=True,
+                          capture_output=True, timeout=timeout, check=False)
+
+
+def refusal(proc: subprocess.CompletedProcess) -> str:
+    """Exit 2 with one line (make's own `make: *** ... Error 2` aside), no play, no traceback."""
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2, out[-3000:]
+    assert "PLAY" not in out and "Traceback" not in out and "skipping: no hosts matched" not in out, out[-3000:]
+    lines = [line for line in proc.stderr.splitlines() if not line.startswith("make: ***")]
+    assert len(lines) == 1 and proc.stdout == "", out[-3000:]
+    return lines[0]
+
+
+HOST_TARGETS = {"deploy": ["CONFIG=ddtree-b15"], "rollback": ["CONFIG=ddtree-b15"], "provision": [], "status": [],
+                "build": ["CONFIG=ddtree-b15"], "verify": [], "plan": ["CONFIG=ddtree-b15"],
+                "gate": ["CONFIG=ddtree-b15"], "sweep": ["CONFIG=ddtree-b15"], "reference": ["CONFIG=ddtree-b15"]}
+
+
+def test_no_target_that_touches_hosts_succeeds_without_hosts(lab, tmp_path):
+    """Before: warnings, `skipping: no hosts matched`, exit 0 (a LIMIT that matched nothing: Ansible's own
+    error after a warning; a host outside gpu_hosts: exit 0)."""
+    from test_deploy import HOST_FILES
+
+    before = {host: lab.ssh(host, HOST_FILES).stdout for host in lab.hosts}
+    missing = tmp_path / "prod.yml"
+    for target, args in HOST_TARGETS.items():
+        line = refusal(make(lab, target, *args, f"INVENTORY={missing}"))
+        assert line == f"sgdeploy hosts: inventory {missing}: no such file or folder; {EXAMPLE}", (target, line)
+    broken = tmp_path / "broken.yml"
+    broken.write_text(lab.inventory.read_text().replace("gpu_hosts:", "gpu_hosts: [", 1))
+    elsewhere = tmp_path / "elsewhere.yml"  # the lab's hosts, but not in gpu_hosts
+    elsewhere.write_text(lab.inventory.read_text().replace("gpu_hosts:", "other_hosts:", 1))
+    there = ", ".join(lab.hosts)
+    for target in ("deploy", "status", "provision", "rollback"):
+        args = HOST_TARGETS[target]
+        line = refusal(make(lab, target, *args, f"INVENTORY={broken}"))
+        assert line.startswith(f"sgdeploy hosts: inventory {broken}: Ansible cannot parse it: "), line
+        line = refusal(make(lab, target, *args, f"INVENTORY={elsewhere}"))
+        assert line == f"sgdeploy hosts: inventory {elsewhere}: group gpu_hosts has no host; {EXAMPLE}", line
+        line = refusal(make(lab, target, *args, f"INVENTORY={lab.inventory}", "LIMIT=lab9"))
+        assert line == (f"sgdeploy hosts: LIMIT 'lab9' matches no host in {lab.inventory} "
+                        f"(hosts of gpu_hosts there: {there})"), line
+    line = refusal(make(lab, "reference", "CONFIG=ddtree-b15", f"INVENTORY={lab.inventory}", "HOST=lab9"))
+    assert line.startswith("sgdeploy hosts: HOST 'lab9' matches no host in "), line
+    assert {host: lab.ssh(host, HOST_FILES).stdout for host in lab.hosts} == before
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "101%"])
+def test_a_bad_serial_is_refused_before_anything_runs(lab, value):
+    """Before: abc ended in Ansible's 'probably a bug' traceback; 0 deployed one host at a time."""
+    from test_deploy import HOST_FILES
+
+    before = lab.ssh("lab1", HOST_FILES).stdout
+    for target in ("deploy", "rollback"):
+        line = refusal(make(lab, target, "CONFIG=ddtree-b15", f"INVENTORY={lab.inventory}", "LIMIT=lab1",
+                            f"SERIAL={value}"))
+        assert line == (f"SERIAL='{value}' is not allowed: use a whole number of hosts at a time from 1 "
+                        "(e.g. SERIAL=2) or a percentage from 1% to 100% (e.g. SERIAL=25%)"), line
+    assert lab.ssh("lab1", HOST_FILES).stdout == before
+
+
+def status_lines(proc: subprocess.CompletedProcess) -> list[str]:
+    """The lines of the status table (the `msg` list of the last task), unquoted."""
+    out = proc.stdout
+    start = out.rindex('"msg": [')
+    return [line.strip().rstrip(",").strip('"') for line in out[start:].splitlines()[1:]
+            if line.strip().startswith('"')]
+
+
+def test_status_shows_now_then_what_each_deploy_was(lab):
+    """Before: no `now` table (a debug line per host, without numbers); an unchanged deploy showed `- -`;
+    a manual rollback looked like any rolled back deploy; `make status LIMIT=lab1` said
+    `localhost: UNREACHABLE`."""
+    from test_deploy import RESET
+
+    for host in lab.hosts:
+        lab.ssh(host, RESET)
+    first = make(lab, "deploy", "CONFIG=ddtree-b15", f"INVENTORY={lab.inventory}", "LIMIT=lab1")
+    assert first.returncode == 0, (first.stdout + first.stderr)[-3000:]
+    again = make(lab, "deploy", "CONFIG=ddtree-b15", f"INVENTORY={lab.inventory}", "LIMIT=lab1")
+    assert again.returncode == 0 and "unchanged" in again.stdout, (again.stdout + again.stderr)[-3000:]
+
+    proc = make(lab, "status", f"INVENTORY={lab.inventory}", "LIMIT=lab1")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    assert "localhost: UNREACHABLE" not in out and "UNREACHABLE" not in out, out[-3000:]
+    lines = status_lines(proc)
+    assert lines[0].startswith("now (what serves on each host"), lines
+    assert lines[1].split()[:4] == ["host", "serves", "now", "state"], lines
+    now = lines[2:lines.index("")]
+    assert len(now) == 1 and now[0].split()[:3] == ["lab1", "ddtree-b15", "serving"], lines
+    assert not any(line.startswith("localhost") for line in lines), lines
+    history = lines[lines.index("") + 1:]
+    row = next(line for line in history if line.startswith("ddtree-b15 "))
+    assert " deploy, unchanged (numbers of " in row and " unchanged " in row, lines
+    accept, tps = row.split()[-4:-2]
+    assert float(accept) > 8 and float(tps) > 100, row  # the numbers the first deploy measured
+    assert now[0].split()[-4:-2] == [accept, tps], (now, row)  # now: the same numbers, then when measured
+
+    b32 = make(lab, "deploy", "CONFIG=ddtree-b32", f"INVENTORY={lab.inventory}", "LIMIT=lab1")
+    assert b32.returncode == 0, (b32.stdout + b32.stderr)[-3000:]
+    back = make(lab, "rollback", "CONFIG=ddtree-b32", f"INVENTORY={lab.inventory}", "LIMIT=lab1")
+    assert back.returncode == 0, (back.stdout + back.stderr)[-3000:]
+    proc = make(lab, "status", f"INVENTORY={lab.inventory}")  # every host
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    lines = status_lines(proc)
+    now = lines[2:lines.index("")]
+    assert [line.split()[:3] for line in now] == [["lab1", "ddtree-b15", "serving"], ["lab2", "-", "nothing"]], lines
+    row = next(line for line in lines if line.startswith("ddtree-b32 "))
+    assert " manual rollback to ddtree-b15 " in row and " rolled_back " in row, lines

@@ -15,7 +15,8 @@ from sgdeploy import cli, report
 
 REPO = Path(__file__).resolve().parents[2]
 SGDEPLOY = Path(sys.executable).parent / "sgdeploy"
-SUBCOMMANDS = ("config", "validate", "render", "gate", "tunnel", "report", "wheel", "sweep", "bench", "records")
+SUBCOMMANDS = ("config", "validate", "render", "gate", "tunnel", "hosts", "report", "wheel", "sweep", "bench",
+               "records")
 
 
 def sgdeploy(*args: str) -> subprocess.CompletedProcess:
@@ -98,3 +99,98 @@ def test_tunnel_without_such_a_host_is_refused(tmp_path):
     inventory.write_text("all:\n  children:\n    gpu_hosts:\n      hosts:\n        a: {ansible_host: 127.0.0.9}\n")
     result = sgdeploy("tunnel", "ddtree-b15", "--inventory", str(inventory), "--host", "nope")
     assert result.returncode == 2 and result.stderr.startswith("sgdeploy tunnel: ") and "nope" in result.stderr
+
+
+def test_version_is_the_packages():
+    """Before: `sgdeploy --version` was refused (exit 2)."""
+    version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    result = sgdeploy("--version")
+    assert result.returncode == 0 and result.stdout == f"sgdeploy {version}\n", (result.stdout, result.stderr)
+    import sgdeploy as package
+
+    assert package.__version__ == version
+
+
+# --- sgdeploy hosts: the hosts a play on gpu_hosts would target, or one line and exit 2 (issue 33) -------
+
+INVENTORY = """all:
+  children:
+    gpu_hosts:
+      hosts:
+        gpu-01: {ansible_host: 127.0.0.9}
+        gpu-02: {ansible_host: 127.0.0.10}
+    other:
+      hosts:
+        bastion: {}
+"""
+
+
+def inventory(tmp_path: Path, text: str = INVENTORY, name: str = "inv.yml") -> str:
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+def refused(result: subprocess.CompletedProcess, sub: str = "hosts") -> str:
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert result.stdout == "" and result.stderr.count("\n") == 1 and "Traceback" not in result.stderr, result.stderr
+    assert result.stderr.startswith(f"sgdeploy {sub}: ")
+    return result.stderr.strip().removeprefix(f"sgdeploy {sub}: ")
+
+
+def test_hosts_lists_what_a_play_on_gpu_hosts_targets(tmp_path):
+    inv = inventory(tmp_path)
+    assert sgdeploy("hosts", "--inventory", inv).stdout.split() == ["gpu-01", "gpu-02"]
+    assert sgdeploy("hosts", "--inventory", inv, "--limit", "gpu-0*:!gpu-01").stdout.split() == ["gpu-02"]
+    quiet = sgdeploy("hosts", "--inventory", inv, "--limit", "gpu-02", "-q")
+    assert quiet.returncode == 0 and quiet.stdout == "" and quiet.stderr == ""
+
+
+def test_hosts_refuses_a_missing_or_unparsable_inventory(tmp_path):
+    missing = tmp_path / "prod.yml"
+    assert refused(sgdeploy("hosts", "--inventory", str(missing))) == (
+        f"inventory {missing}: no such file or folder; give an Ansible inventory that lists the hosts in group "
+        "gpu_hosts, as inventory/example.yml does")
+    bad = inventory(tmp_path, "all:\n  children: {gpu_hosts: {hosts: {a: {}}}\n")
+    line = refused(sgdeploy("hosts", "--inventory", bad))
+    assert line.startswith(f"inventory {bad}: Ansible cannot parse it: YAML parsing failed: ") and f"({bad}:" in line
+    ini = inventory(tmp_path, "[gpu_hosts\nfoo bar = =\n", "inv.ini")
+    assert refused(sgdeploy("hosts", "--inventory", ini)).startswith(
+        f"inventory {ini}: Ansible cannot parse it: Failed to parse inventory: ")
+
+
+def test_hosts_refuses_an_inventory_without_gpu_hosts(tmp_path):
+    inv = inventory(tmp_path, "all:\n  hosts:\n    gpu-01: {}\n")
+    assert refused(sgdeploy("hosts", "--inventory", inv)) == (
+        f"inventory {inv}: group gpu_hosts has no host; give an Ansible inventory that lists the hosts in group "
+        "gpu_hosts, as inventory/example.yml does")
+
+
+@pytest.mark.parametrize("limit, message", [
+    ("gpu-9", "limit 'gpu-9' matches no host in {inv} (hosts of gpu_hosts there: gpu-01, gpu-02)"),
+    ("gpu-01,gpu-9", "limit 'gpu-01,gpu-9': 'gpu-9' matches no host in {inv} (hosts of gpu_hosts there: gpu-01, "
+                     "gpu-02)"),
+    ("bastion", "limit 'bastion' matches no host of group gpu_hosts in {inv} (hosts of gpu_hosts there: gpu-01, "
+                "gpu-02)"),
+])
+def test_hosts_refuses_a_limit_that_matches_nothing(tmp_path, limit, message):
+    inv = inventory(tmp_path)
+    assert refused(sgdeploy("hosts", "--inventory", inv, "--limit", limit)) == message.format(inv=inv)
+
+
+def test_gate_names_an_unparsable_inventory(tmp_path):
+    """Before: `group gpu_hosts has no hosts` (Ansible parsed nothing and said so only in a warning)."""
+    bad = inventory(tmp_path, "- gpu-01\n")
+    line = refused(sgdeploy("gate", "ddtree-b15", "--inventory", bad), "gate")
+    assert line == (f"inventory {bad}: Ansible cannot parse it: YAML inventory has invalid structure, it should be a "
+                    "dictionary, got: a list")
+
+
+def test_sweep_names_an_unparsable_inventory_and_a_host_outside_gpu_hosts(tmp_path):
+    """Before: `group gpu_hosts has no hosts` for an inventory Ansible could not parse."""
+    bad = inventory(tmp_path, "- gpu-01\n")
+    line = refused(sgdeploy("sweep", "--config", "ddtree-b15", "--inventory", bad), "sweep")
+    assert line.startswith(f"inventory {bad}: Ansible cannot parse it: "), line
+    inv = inventory(tmp_path)
+    line = refused(sgdeploy("sweep", "--config", "ddtree-b15", "--inventory", inv, "--host", "bastion"), "sweep")
+    assert line.startswith(f"--host 'bastion' matches no host of group gpu_hosts in {inv}"), line

@@ -113,7 +113,7 @@ def test_cli_status_last_good_and_write(tmp_path):
     rows = json.loads(status.stdout)
     assert [r["outcome"] for r in rows] == ["rolled_back"]
     assert set(rows[0]) == {"config", "host", "release", "outcome", "gates", "accept_length", "tokens_per_s",
-                            "finished", "message", "exactness"}
+                            "finished", "message", "exactness", "what", "measured"}
     assert "warning:" in status.stderr and "broken.json: not JSON" in status.stderr
 
     found = cli("last-good", str(recs), "--config", "ddtree-b15", "--host", "lab1")
@@ -153,3 +153,114 @@ def test_cli_misuse_exits_2_with_one_line(tmp_path, args, message):
     assert message in out.stderr
     assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1
     assert not list(tmp_path.iterdir())  # nothing written
+
+
+# --- make status: now, then the history (issue 33) ---------------------------------------------------------
+
+def unchanged(finished: str, **kw) -> dict:
+    """An unchanged deploy: only the smoke gate ran, so its record has no bench numbers."""
+    r = rec(finished, outcome="unchanged", verdicts=("pass",), **kw)
+    r["bench"] = None
+    return r
+
+
+def test_an_unchanged_deploy_shows_the_last_measured_numbers():
+    """Before: `- -` for accept and tok/s (its smoke gate measures nothing)."""
+    recs = [rec("2026-01-01T10:05:00Z", accept=14.9, tps=173.4),
+            rec("2026-01-02T10:05:00Z", outcome="rolled_back", verdicts=("pass", "fail"), accept=3.0, tps=50.0),
+            unchanged("2026-01-03T10:05:00Z")]
+    rows = records.history_rows(recs)
+    assert len(rows) == 1
+    row = rows[0]
+    assert (row["outcome"], row["accept_length"], row["tokens_per_s"]) == ("unchanged", 14.9, 173.4)
+    assert row["measured"] == "2026-01-01T10:05:00Z"
+    assert row["what"] == "deploy, unchanged (numbers of 2026-01-01 10:05:00Z)"
+    line = records.history_table(recs).splitlines()[1]
+    assert line.split()[-4:-2] == ["14.90", "173.4"], line  # accept, tok/s (then the date and time)
+    # Nothing measured before: the numbers stay unknown, and the row says no more than that.
+    alone = records.history_rows([unchanged("2026-01-03T10:05:00Z")])[0]
+    assert (alone["accept_length"], alone["tokens_per_s"], alone["measured"]) == (None, None, None)
+    assert alone["what"] == "deploy, unchanged"
+
+
+def test_history_rows_say_what_each_record_was():
+    """Before: a sweep variant, a manual rollback and a deploy looked alike (config, outcome)."""
+    variant = rec("2026-01-01T10:05:00Z", config="ddtree-b15-b32-k8", verdicts=("pass",))
+    variant["gates"][0]["gate"] = "smoke"
+    manual = rec("2026-01-02T10:05:00Z", outcome="rolled_back", verdicts=("pass",),
+                 rollback={"manual": True, "restored": ["sglang-ddtree-b15.service"], "restored_healthy": True})
+    manual_failed = rec("2026-01-02T11:05:00Z", outcome="failed", verdicts=(),
+                        rollback={"manual": True, "restored": [], "restored_healthy": False})
+    recovery = rec("2026-01-03T10:05:00Z", outcome="rolled_back", verdicts=(),
+                   rollback={"interrupted_run": "r1", "interrupted_step": "started", "restored": ["u"]})
+    automatic = rec("2026-01-04T10:05:00Z", outcome="rolled_back", verdicts=("pass", "pass", "fail"),
+                    rollback={"reason": "gate", "restored": ["u"], "restored_healthy": True})
+    full = rec("2026-01-05T10:05:00Z", config="ddtree-b15-b32-k8")  # a config of that name, fully gated
+    assert [records.what_of(r) for r in (variant, manual, manual_failed, recovery, automatic, full)] == [
+        "sweep variant of ddtree-b15 (budget 32, top-k cap 8)",
+        "manual rollback to ddtree-b15",
+        "manual rollback, failed (what ran before was restored)",
+        "recovery of an interrupted switch",
+        "deploy, rolled back",
+        "deploy",
+    ]
+    table = records.history_table([variant, manual], every=True).splitlines()
+    assert table[0].split() == ["config", "host", "what", "release", "outcome", "gates", "exactness", "accept",
+                                "tok/s", "when"]
+    assert "sweep variant of ddtree-b15 (budget 32, top-k cap 8)" in table[1]
+    assert "manual rollback to ddtree-b15" in table[2] and " rolled_back " in table[2]
+
+
+def current(config: str, active: bool = True, healthy: bool | None = True, **kw) -> dict:
+    return {"config": config, "unit_name": f"sglang-{config}.service", "release": "ddtree.fork.topk.abcdef12",
+            "bind_address": "127.0.0.1", "ports": [30000, 30001], "unit_digest": "d1g3st",
+            "deployed": "2026-01-01T10:04:30Z", "active": active, "enabled": active, "healthy": healthy, **kw}
+
+
+def test_now_shows_what_serves_on_each_host_with_its_last_measured_numbers():
+    """Before: the table had history only; what serves now was a debug line per host, without numbers."""
+    recs = [rec("2026-01-01T10:05:00Z", accept=14.9, tps=173.4), unchanged("2026-01-03T10:05:00Z"),
+            rec("2026-01-02T10:05:00Z", host="lab2", config="ar", accept=1.0, tps=60.0)]
+    now = {"lab1": {"deployed": [current("ddtree-b15")], "uncommitted": None},
+           "lab2": {"deployed": [current("ar", healthy=False), current("ddtree-b32", active=False, healthy=None)],
+                    "uncommitted": {"config": "ddtree-b64", "active": True}},
+           "lab3": {"deployed": [], "uncommitted": None},
+           "lab4": None}
+    rows = records.now_rows(now, recs)
+    assert [(r["host"], r["config"], r["state"]) for r in rows] == [
+        ("lab1", "ddtree-b15", "serving"),
+        ("lab2", "ar", "running, /health does not answer"),
+        ("lab2", "ddtree-b32", "NOT RUNNING"),
+        ("lab2", "ddtree-b64",
+         "uncommitted (an interrupted switch; the next deploy or rollback rolls it back), running"),
+        ("lab3", None, "nothing deployed by sgdeploy"),
+        ("lab4", None, "UNREACHABLE: what serves there is unknown"),
+    ]
+    assert (rows[0]["accept_length"], rows[0]["tokens_per_s"], rows[0]["measured"]) == (14.9, 173.4,
+                                                                                        "2026-01-01T10:05:00Z")
+    assert rows[1]["tokens_per_s"] == 60.0 and rows[2]["tokens_per_s"] is None
+    text = records.status_report(recs, now).splitlines()
+    assert text[0].startswith("now (what serves on each host")
+    assert text[1].split()[:3] == ["host", "serves", "now"]
+    assert text[2].split()[:3] == ["lab1", "ddtree-b15", "serving"] and "14.90" in text[2] and "173.4" in text[2]
+    history = text.index("history (the newest record of each config on each host):")
+    assert history > 7 and text[history + 1].split()[:3] == ["config", "host", "what"]
+
+
+def test_cli_status_with_the_hosts_state(tmp_path):
+    recs = tmp_path / "records"
+    records.write_record(recs / "lab1", rec("2026-01-01T10:05:00Z"))
+    now = tmp_path / "now"
+    now.mkdir()
+    (now / "lab1.json").write_text(json.dumps({"deployed": [current("ddtree-b15")], "uncommitted": None}))
+    out = cli("status", str(recs), "--now", str(now), "--hosts", "lab1,lab2")
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[2].split()[:3] == ["lab1", "ddtree-b15", "serving"]
+    assert lines[3].startswith("lab2") and "UNREACHABLE: what serves there is unknown" in lines[3]
+    assert not any(line.startswith("localhost") for line in lines)
+    data = json.loads(cli("status", str(recs), "--now", str(now), "--hosts", "lab1", "--json").stdout)
+    assert [r["state"] for r in data["now"]] == ["serving"] and data["history"][0]["what"] == "deploy"
+    (now / "lab1.json").write_text("[")
+    bad = cli("status", str(recs), "--now", str(now))
+    assert bad.returncode == 2 and f"{now / 'lab1.json'}: not JSON" in bad.stderr and "Traceback" not in bad.stderr

@@ -9,10 +9,21 @@ options:
   state_dir: {description: The deploy state folder., type: path, default: /var/lib/sglang-deploy}
   lock_path: {description: The lock file., type: path, default: /run/sglang-deploy.lock}
   config: {description: Also return this config's current and previous deploy (without unit or env text)., type: str}
+  probe:
+    description:
+      - Also ask each running deploy's C(/health) (on its bind address and first port, a few seconds at most)
+        whether it serves; each entry of RV(deployed) then has C(healthy).
+    type: bool
+    default: false
 """
 
 RETURN = r"""
-deployed: {description: current.json of each config with active and enabled., returned: always, type: list}
+deployed:
+  description:
+    - current.json of each config with active and enabled.
+    - With O(probe), also healthy (true when /health answers 200, false when not, null when the unit is not active).
+  returned: always
+  type: list
 lock: {description: The lock holder, described (empty when free)., returned: always, type: str}
 interrupted: {description: What an interrupted switch left (empty when none)., returned: always, type: str}
 uncommitted:
@@ -33,17 +44,30 @@ import glob  # noqa: E402
 import os  # noqa: E402
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
+from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_deploy_health as health  # noqa: E402
 from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_deploy_lock as lock  # noqa: E402
 from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_deploy_txn as txn  # noqa: E402
 from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_deploy_units as units  # noqa: E402
 from ansible_collections.sgdeploy.host.plugins.module_utils.sglang_deploy_files import read_json  # noqa: E402
 from ansible_collections.sgdeploy.host.plugins.module_utils.sglang_deploy_plan import deployed  # noqa: E402
 
+PROBE_TIMEOUT_S = 3.0
+
+
+def probe(entry):
+    """Whether a deploy serves: its /health answers 200 (None when its unit is not active)."""
+    if not entry.get("active") or not entry.get("ports"):
+        return None
+    address = entry.get("bind_address") or "127.0.0.1"
+    address = "127.0.0.1" if address == "0.0.0.0" else f"[{address}]" if ":" in address else address
+    return health.healthy(f"http://{address}:{entry['ports'][0]}", timeout=PROBE_TIMEOUT_S)
+
 
 def main():
     module = AnsibleModule(
         argument_spec=dict(state_dir=dict(type="path", default="/var/lib/sglang-deploy"),
-                           lock_path=dict(type="path", default=lock.LOCK), config=dict(type="str")),
+                           lock_path=dict(type="path", default=lock.LOCK), config=dict(type="str"),
+                           probe=dict(type="bool", default=False)),
         supports_check_mode=True,
     )
     p = module.params
@@ -59,7 +83,10 @@ def main():
         extra |= {"current": read_json(paths.current(p["config"])),
                  "previous": {k: v for k, v in previous.items() if not k.endswith("_text")} if previous else None,
                  "previous_has_unit": bool(previous and previous.get("unit_text"))}
-    module.exit_json(changed=False, **extra, deployed=deployed(p["state_dir"]),
+    running = deployed(p["state_dir"])
+    for entry in running if p["probe"] else ():
+        entry["healthy"] = probe(entry)
+    module.exit_json(changed=False, **extra, deployed=running,
                      lock=lock.describe(held) if held else "",
                      interrupted=txn.describe(pending) if pending else "",
                      records=sorted(glob.glob(os.path.join(p["state_dir"], "*", "records", "*.json"))))
