@@ -9,17 +9,17 @@ name: summary
 type: stdout
 short_description: Default output, waits as progress, one-line failures, one closing summary table
 description:
-  - Prints what the default callback prints, except that
-  - a task that retries (C(until)/C(retries)) prints one C(WAITING on HOST) line per attempt with what it
-    waits for and how long so far (the result's C(detail) and C(elapsed_s) when the module gives them),
-    never C(FAILED - RETRYING); attempts closer than 20 s apart print only every 20 s;
-  - a failed task prints one line, C(FAILED on HOST: TASK: REASON) (the full result with C(-v)); a failure a
-    C(rescue) section handles prints C(HOST: TASK failed; handling it) without the reason (the rescue says it);
-  - after the play recap, a C(SUMMARY) table with one row per host that set the fact C(sglang_deploy__summary)
-    (host, config before -> after, outcome, each gate's verdict and number, downtime, record path), then each
-    failure once, with its reason (C(FAILURES)).
-  - Skipped tasks are hidden by the project's C(ansible.cfg) (C(display_skipped_hosts = False));
-    C(ANSIBLE_DISPLAY_SKIPPED_HOSTS=true) (C(make ... VERBOSE=1)) shows them again.
+  - "Prints what the default callback prints, except for the following."
+  - "A task that retries (until/retries) prints one WAITING on HOST line per attempt with what it waits for
+    and how long so far (the result's detail and elapsed_s when the module gives them), never
+    FAILED - RETRYING; attempts closer than 20 s apart print only every 20 s."
+  - "A failed task prints one line, FAILED on HOST, TASK and the reason (the full result with -v); a failure
+    that a rescue section handles prints HOST, TASK failed, handling it, without the reason (the rescue says it)."
+  - "After the play recap, a SUMMARY table with one row per host that set the fact sglang_deploy__summary
+    (host, config before -> after, outcome, each gate's verdict and number, downtime, record path), then
+    each failure once, with its reason (FAILURES)."
+  - "Skipped tasks are hidden by the project's ansible.cfg (display_skipped_hosts = False);
+    ANSIBLE_DISPLAY_SKIPPED_HOSTS=true (make ... VERBOSE=1) shows them."
 extends_documentation_fragment:
   - default_callback
   - result_format_callback
@@ -177,6 +177,8 @@ class CallbackModule(DefaultCallback):
         if last and now - last < PROGRESS_EVERY_S and self._display.verbosity < 2:
             return
         self._waits[key][1] = now
+        if self._last_task_banner != result.task._uuid:
+            self._print_task_banner(result.task)
         elapsed = data.get("elapsed_s")
         so_far = float(elapsed) if isinstance(elapsed, (int, float)) else now - first
         what = _one_line(result.task.get_name())
