@@ -138,6 +138,11 @@ class CallbackModule(DefaultCallback):
         self._summaries: dict[str, dict] = {}
         self._failures: dict[str, str] = {}
         self._waits: dict[tuple[str, str], list[float]] = {}
+        self._task_started = time.monotonic()
+
+    def v2_playbook_on_task_start(self, task, is_conditional):
+        self._task_started = time.monotonic()
+        super().v2_playbook_on_task_start(task, is_conditional)
 
     # --- results ---------------------------------------------------------------------------------
 
@@ -173,7 +178,7 @@ class CallbackModule(DefaultCallback):
         host = result.host.get_name()
         key = (host, result.task._uuid)
         now = time.monotonic()
-        first, last = self._waits.setdefault(key, [now, 0.0])
+        first, last = self._waits.setdefault(key, [self._task_started, 0.0])
         if last and now - last < PROGRESS_EVERY_S and self._display.verbosity < 2:
             return
         self._waits[key][1] = now
@@ -181,7 +186,7 @@ class CallbackModule(DefaultCallback):
             self._print_task_banner(result.task)
         elapsed = data.get("elapsed_s")
         so_far = float(elapsed) if isinstance(elapsed, (int, float)) else now - first
-        what = _one_line(result.task.get_name())
+        what = _one_line(result.task.name or result.task.get_name())
         detail = _one_line(data.get("detail") or "")
         # The wait module's detail ends with "(N s of M s)"; say it once.
         if detail.endswith(" s)") and " s of " in detail:
