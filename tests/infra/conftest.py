@@ -55,7 +55,8 @@ def _unprovisioned(host) -> str | None:
     the host cannot be asked: the checks then fail as they should, naming the problem."""
     try:
         hostvars = host.ansible.get_variables()
-        packages = hostvars.get("nvidia_driver_packages") or [f"nvidia-open-{hostvars.get('nvidia_driver_branch', 580)}"]
+        branch = hostvars.get("nvidia_driver_branch", 580)
+        packages = hostvars.get("nvidia_driver_packages") or [f"nvidia-open-{branch}"]
         package = str(packages[0])
         status = host.run(f"dpkg-query -W -f '${{Status}}' {package}")
     except Exception:  # noqa: BLE001 - unreachable or misconfigured: let the checks say it

@@ -67,7 +67,8 @@ def _contains(items, uuid) -> bool:
     for item in items or []:
         if getattr(item, "_uuid", None) == uuid:
             return True
-        if isinstance(item, Block) and any(_contains(getattr(item, s, None), uuid) for s in ("block", "rescue", "always")):
+        sections = ("block", "rescue", "always")
+        if isinstance(item, Block) and any(_contains(getattr(item, s, None), uuid) for s in sections):
             return True
     return False
 
@@ -117,7 +118,7 @@ def summary_rows(summaries: dict, failures: dict) -> list[list[str]]:
         downtime = s.get("downtime_s")
         rows.append([host, "{} -> {}".format(before, s.get("after") or "?"), str(s.get("outcome") or "?"),
                      gates_cell(s.get("gates")),
-                     "-" if downtime in (None, "") else "{} s".format(_number(float(downtime))),
+                     "-" if downtime in (None, "") else f"{_number(float(downtime))} s",
                      s.get("record") or "-"])
     return rows
 

@@ -28,7 +28,11 @@ options:
     description: Check mode only; the env file rendered in memory (secrets included; never logged or returned).
     type: str
   unit_text: {description: Check mode only; the new unit's text, for the diff., type: str}
-  secret_keys: {description: Names of the secret variables (their values are redacted in the diff)., type: list, elements: str, default: []}
+  secret_keys:
+    description: Names of the secret variables (their values are redacted in the diff).
+    type: list
+    elements: str
+    default: []
   unit_dir: {description: Folder of the units., type: path, default: /etc/systemd/system}
 """
 
