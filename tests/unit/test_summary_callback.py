@@ -87,8 +87,9 @@ def test_a_failure_is_printed_once_with_its_reason(out):
     assert "xyzzy" not in out  # the rescue handles it: only "failed; handling it"
     assert "localhost: A step that fails and is handled failed; handling it" in out
     assert out.count("the final reason") == 2  # the FAILED line, then once under FAILURES
-    assert "FAILED on localhost: Fail the run: DEPLOY FAILED on localhost: the final reason" in out
-    assert "fatal:" not in out and "Traceback" not in out
+    fatal = [line for line in out.splitlines() if line.startswith("fatal: ")]
+    assert fatal == ['fatal: [localhost]: FAILED! => {"msg": "DEPLOY FAILED on localhost: the final reason"}'], out
+    assert "Traceback" not in out
 
 
 def test_a_summary_table_closes_the_output(out):

@@ -13,7 +13,7 @@ description:
   - "A task that retries (until/retries) prints one WAITING on HOST line per attempt with what it waits for
     and how long so far (the result's detail and elapsed_s when the module gives them), never
     FAILED - RETRYING; attempts closer than 20 s apart print only every 20 s."
-  - "A failed task prints one line, FAILED on HOST, TASK and the reason (the full result with -v); a failure
+  - "A failed task prints one line, fatal [HOST] FAILED! => {msg REASON} (the full result with -v); a failure
     that a rescue section handles prints HOST, TASK failed, handling it, without the reason (the rescue says it)."
   - "After the play recap, a SUMMARY table with one row per host that set the fact sglang_deploy__summary
     (host, config before -> after, outcome, each gate's verdict and number, downtime, record path), then
@@ -27,6 +27,7 @@ requirements:
   - set as stdout_callback in ansible.cfg
 """
 
+import json  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Mapping  # noqa: E402
 
@@ -167,12 +168,18 @@ class CallbackModule(DefaultCallback):
             return
         reason = reason_of(_result(result))
         self._failures[host] = reason
-        self._display.display(f"FAILED on {host}: {name}: {reason}", color=C.COLOR_ERROR,
-                              stderr=self.get_option("display_failed_stderr"))
+        # One line, in the default callback's shape (`fatal: [host]: FAILED! => {"msg": ...}`), the
+        # reason only: no stdout, rc or invocation (-v prints them).
+        self._display.display("fatal: [{}]: FAILED! => {}".format(self.host_label(result), json.dumps({"msg": reason})),
+                              color=C.COLOR_ERROR, stderr=self.get_option("display_failed_stderr"))
 
     def v2_runner_on_unreachable(self, result):
         self._failures[result.host.get_name()] = "unreachable: " + reason_of(_result(result))
         super().v2_runner_on_unreachable(result)
+
+    def v2_playbook_on_no_hosts_matched(self):
+        if self.get_option("display_skipped_hosts"):
+            super().v2_playbook_on_no_hosts_matched()
 
     def v2_runner_retry(self, result):
         data = _result(result)
