@@ -103,3 +103,13 @@ def test_a_summary_table_closes_the_output(out):
     assert "smoke PASS; throughput PASS 687.41 tok/s; acceptance FAIL 3.5" in row
     assert "4.25 s" in row and row.rstrip().endswith("reports/deploys/localhost/20261203T101010Z.json")
     assert lines[-1].strip() == "localhost: DEPLOY FAILED on localhost: the final reason"
+
+
+def test_the_reason_of_a_loop_is_its_failed_items():
+    sys.path.insert(0, str(REPO / "collections"))
+    from ansible_collections.sgdeploy.host.plugins.callback.summary import reason_of
+
+    data = {"msg": "One or more items failed", "results": [{"failed": False}, {"failed": True, "msg": "port  busy",
+                                                                                  "detail": "pid 7"}]}
+    assert reason_of(data) == "port busy: pid 7"
+    assert reason_of({"stderr": "boom\n"}) == "boom"

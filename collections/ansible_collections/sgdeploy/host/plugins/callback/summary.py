@@ -50,6 +50,9 @@ def _one_line(text) -> str:
 
 def reason_of(data: dict) -> str:
     """The one-line reason of a failed result: its msg, else stderr, else the first failed loop item's."""
+    failed_items = [i for i in data.get("results") or [] if isinstance(i, Mapping) and i.get("failed")]
+    if failed_items:  # a loop: the first failed item's reason, not "One or more items failed"
+        return reason_of(failed_items[0])
     for key in ("msg", "stderr", "reason", "detail"):
         value = data.get(key)
         if value:
@@ -58,9 +61,6 @@ def reason_of(data: dict) -> str:
             if key == "msg" and detail and _one_line(detail) not in text:
                 text += ": " + _one_line(detail)
             return text
-    for item in data.get("results") or []:
-        if isinstance(item, dict) and item.get("failed"):
-            return reason_of(item)
     return "failed (no message; rerun with -v for the full result)"
 
 
@@ -170,8 +170,9 @@ class CallbackModule(DefaultCallback):
         self._failures[host] = reason
         # One line, in the default callback's shape (`fatal: [host]: FAILED! => {"msg": ...}`), the
         # reason only: no stdout, rc or invocation (-v prints them).
-        self._display.display("fatal: [{}]: FAILED! => {}".format(self.host_label(result), json.dumps({"msg": reason})),
-                              color=C.COLOR_ERROR, stderr=self.get_option("display_failed_stderr"))
+        body = json.dumps({"msg": reason}, ensure_ascii=False)
+        self._display.display(f"fatal: [{self.host_label(result)}]: FAILED! => {body}", color=C.COLOR_ERROR,
+                              stderr=self.get_option("display_failed_stderr"))
 
     def v2_runner_on_unreachable(self, result):
         self._failures[result.host.get_name()] = "unreachable: " + reason_of(_result(result))
