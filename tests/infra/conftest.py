@@ -6,6 +6,10 @@
 host. Without it, each host is checked for every config that its deploy state says runs there
 (`/var/lib/sglang-deploy/*/current.json`); a host where nothing is deployed skips the service checks
 and says why. The driver checks (test_nvidia.py) do not use these fixtures.
+
+A host without the NVIDIA driver package (never provisioned: `make deploy` alone does not provision)
+does not run the driver checks, which would all fail: the run ends with one line naming those hosts
+and `make provision`, and exits 1 (the driver was not verified).
 """
 
 from __future__ import annotations
@@ -41,6 +45,59 @@ def pytest_configure(config):
     bindir = str(Path(sys.executable).parent)
     if not shutil.which("ansible-inventory") and shutil.which("ansible-inventory", path=bindir):
         os.environ["PATH"] = bindir + os.pathsep + os.environ.get("PATH", "")
+
+
+NOT_PROVISIONED = "_sgdeploy_not_provisioned"
+
+
+def _unprovisioned(host) -> str | None:
+    """Why the host has no driver to check (its driver package is not installed), or None. None too when
+    the host cannot be asked: the checks then fail as they should, naming the problem."""
+    try:
+        hostvars = host.ansible.get_variables()
+        branch = hostvars.get("nvidia_driver_branch", 580)
+        packages = hostvars.get("nvidia_driver_packages") or [f"nvidia-open-{branch}"]
+        package = str(packages[0])
+        status = host.run(f"dpkg-query -W -f '${{Status}}' {package}")
+    except Exception:  # noqa: BLE001 - unreachable or misconfigured: let the checks say it
+        return None
+    if status.rc == 0 and status.stdout.endswith(" installed"):
+        return None
+    return f"{package} is not installed"
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(session, config, items):
+    """Leave out the driver checks of hosts that were never provisioned (one line at the end says so)."""
+    checked: dict[str, str | None] = {}
+    keep, dropped = [], []
+    for item in items:
+        host = getattr(item, "callspec", None) and item.callspec.params.get("_testinfra_host")
+        if item.path.name != "test_nvidia.py" or host is None:
+            keep.append(item)
+            continue
+        name = host_name(host)
+        if name not in checked:
+            checked[name] = _unprovisioned(host)
+        (dropped if checked[name] else keep).append(item)
+    if dropped:
+        items[:] = keep
+        config.hook.pytest_deselected(items=dropped)
+        setattr(config, NOT_PROVISIONED, {n: why for n, why in checked.items() if why})
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if getattr(session.config, NOT_PROVISIONED, None) and exitstatus in (0, 5):
+        session.exitstatus = 1
+
+
+def pytest_unconfigure(config):
+    missing = getattr(config, NOT_PROVISIONED, None)
+    if missing:
+        hosts = sorted(missing)
+        reasons = sorted(set(missing.values()))
+        print(f"NOT PROVISIONED: {', '.join(hosts)} ({'; '.join(reasons)}): the driver checks were not run; "
+              f"run `make provision` (with the same INVENTORY=), then `make verify` again", flush=True)
 
 
 def wanted_configs(config) -> list[str]:

@@ -45,11 +45,80 @@ def env_same(env_src, env_dir, config):
     return os.path.exists(installed) and _digest(env_src) == _digest(installed)
 
 
-def plan(deploy, gpu_count, state_dir, sockets=None, env_src=None, env_dir="/etc/sglang"):
+def env_vars(text):
+    """NAME -> raw value of an env file's assignments (comments and blank lines ignored)."""
+    out = {}
+    for line in (text or "").splitlines():
+        line = line.strip()
+        if line and not line.startswith("#") and "=" in line:
+            name, value = line.split("=", 1)
+            out[name.strip()] = value
+    return out
+
+
+def _read_text(path):
+    if not path or not os.path.exists(path):
+        return None
+    with open(path, encoding="utf-8", errors="replace") as f:
+        return f.read()
+
+
+def env_same_text(env_text, env_dir, config):
+    """Check mode: whether the env text rendered in memory for this run (secrets included) assigns
+    the same variables as the installed file. Only the verdict leaves this function."""
+    installed = _read_text(units.env_file(env_dir, config))
+    return installed is not None and env_vars(installed) == env_vars(env_text)
+
+
+def redacted_env(text, secret_keys, shown_keys, changed_keys=()):
+    """The env file's assignments with every value not in ``shown_keys`` (the non-secret names of the
+    new file) replaced: ``NAME=<secret>`` or ``NAME=<secret, changed>``. Comments are kept."""
+    lines = []
+    for line in (text or "").splitlines():
+        stripped = line.strip()
+        if stripped and not stripped.startswith("#") and "=" in stripped:
+            name = stripped.split("=", 1)[0].strip()
+            if name in secret_keys or name not in shown_keys:
+                line = "{}=<secret{}>".format(name, ", changed" if name in changed_keys else "")
+        lines.append(line)
+    return "\n".join(lines) + ("\n" if lines else "")
+
+
+def plan_diff(deploy, result, unit_dir, env_dir, unit_text, env_text, secret_keys):
+    """What the switch would change on this host, as Ansible diffs (check mode): the new unit against
+    the installed one it replaces (its own name's file, else the first replaced config's), and the env
+    file the same way with every secret value redacted (names only; a changed value says so)."""
+    config = deploy["config"]
+    own = os.path.join(unit_dir, deploy["unit_name"])
+    replaced = [p for p in result["predecessors"] if p["config"] != config]
+    old_config = config if os.path.exists(own) or not replaced else replaced[0]["config"]
+    old_unit = own if old_config == config else os.path.join(unit_dir, replaced[0]["unit_name"])
+    diffs = []
+    before = _read_text(old_unit) or ""
+    if unit_text is not None and before != unit_text:
+        diffs.append({"before": before, "after": unit_text, "before_header": old_unit if before else "(none)",
+                      "after_header": own})
+    if env_text is not None:
+        old_env = units.env_file(env_dir, old_config)
+        old_text = _read_text(old_env)
+        old_vars, new_vars = env_vars(old_text), env_vars(env_text)
+        secret = set(secret_keys or [])
+        shown = {k for k in new_vars if k not in secret}
+        changed = {k for k in set(old_vars) | set(new_vars) if old_vars.get(k) != new_vars.get(k)}
+        if old_vars != new_vars or old_env != units.env_file(env_dir, config):
+            diffs.append({"before": redacted_env(old_text, secret, shown),
+                          "after": redacted_env(env_text, secret, shown, changed),
+                          "before_header": old_env if old_text is not None else "(none)",
+                          "after_header": units.env_file(env_dir, config) + " (secret values redacted)"})
+    return diffs
+
+
+def plan(deploy, gpu_count, state_dir, sockets=None, env_src=None, env_dir="/etc/sglang", env_text=None):
     """Predecessors (active configs sharing the config name, a GPU or a port: replaced), units to
     disable (enabled but inactive configs on the same port or GPUs: they would win the port at the
     next boot), ports to wait for, and whether nothing changes (same unit, release and env file:
-    a changed secret is a change)."""
+    a changed secret is a change: judged by digest against ``env_src``, or in check mode, where
+    nothing is written on the host, against ``env_text`` rendered in memory)."""
     problems = []
     gpus, bind, ports = deploy["gpus"], deploy["bind_address"], deploy["ports"]
     bad = [g for g in gpus if g >= gpu_count]
@@ -76,11 +145,16 @@ def plan(deploy, gpu_count, state_dir, sockets=None, env_src=None, env_dir="/etc
     if problems:
         raise PlanError("; ".join(problems))
     current = next((p for p in predecessors if p["config"] == deploy["config"]), None)
-    same_env = env_same(env_src, env_dir, deploy["config"]) if current else None
+    same_env = None
+    if current:
+        same_env = env_same(env_src, env_dir, deploy["config"])
+        if same_env is None and env_text is not None:
+            same_env = env_same_text(env_text, env_dir, deploy["config"])
     unchanged = bool(current and current.get("unit_digest") == deploy["digest"] and same_env is not False
                      and current.get("release") == deploy["release"] and len(predecessors) == 1 and not disable)
     wait_ports = sorted({(p["bind_address"], port) for p in predecessors for port in p["ports"]}
                         | {(bind, port) for port in ports})
     return {"predecessors": predecessors, "unchanged": unchanged, "env_changed": same_env is False,
+            "replaces": [p["config"] for p in predecessors],
             "stop_units": [p["unit_name"] for p in predecessors], "disable_units": disable,
             "wait_ports": [list(p) for p in wait_ports]}

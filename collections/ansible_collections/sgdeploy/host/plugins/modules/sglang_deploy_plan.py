@@ -12,7 +12,10 @@ description:
     already run (the env file rendered on the host for this run, secrets included, is compared by
     digest with the installed one on the host; only the verdict is returned).
   - Also reports a switch journal left behind by an interrupted run (RV(interrupted)).
-  - Read-only; runs in check mode.
+  - Read-only. In check mode (C(make plan)) it is the one task that says what a real run would change:
+    C(changed) exactly when the deploy is not already running unchanged, with the diff of the new unit
+    against the installed one it replaces, and of the env file with every secret value redacted (names
+    only; C(NAME=<secret, changed>) when a value differs).
 options:
   deploy: {description: The deploy description (render output plus the release)., type: dict, required: true}
   gpu_count: {description: GPUs the host has (inventory gpu_count)., type: int, required: true}
@@ -21,11 +24,21 @@ options:
   env_src:
     description: The env file rendered on the host for this run; absent (check mode) means not compared.
     type: path
+  env_text:
+    description: Check mode only; the env file rendered in memory (secrets included; never logged or returned).
+    type: str
+  unit_text: {description: Check mode only; the new unit's text, for the diff., type: str}
+  secret_keys:
+    description: Names of the secret variables (their values are redacted in the diff).
+    type: list
+    elements: str
+    default: []
+  unit_dir: {description: Folder of the units., type: path, default: /etc/systemd/system}
 """
 
 RETURN = r"""
 plan:
-  description: predecessors, stop_units, disable_units, wait_ports, unchanged, env_changed.
+  description: predecessors, replaces (their configs), stop_units, disable_units, wait_ports, unchanged, env_changed.
   returned: success
   type: dict
 interrupted: {description: What an interrupted switch left (empty when none)., returned: success, type: str}
@@ -33,23 +46,32 @@ interrupted: {description: What an interrupted switch left (empty when none)., r
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_deploy_txn as txn  # noqa: E402
-from ansible_collections.sgdeploy.host.plugins.module_utils.sglang_deploy_plan import PlanError, plan  # noqa: E402
+from ansible_collections.sgdeploy.host.plugins.module_utils.sglang_deploy_plan import PlanError, plan, plan_diff  # noqa: E402
 
 
 def main():
     module = AnsibleModule(
         argument_spec=dict(deploy=dict(type="dict", required=True), gpu_count=dict(type="int", required=True),
                            state_dir=dict(type="path", default="/var/lib/sglang-deploy"),
-                           env_dir=dict(type="path", default="/etc/sglang"), env_src=dict(type="path")),
+                           env_dir=dict(type="path", default="/etc/sglang"), env_src=dict(type="path"),
+                           env_text=dict(type="str", no_log=True), unit_text=dict(type="str"),
+                           secret_keys=dict(type="list", elements="str", default=[], no_log=False),
+                           unit_dir=dict(type="path", default="/etc/systemd/system")),
         supports_check_mode=True,
     )
     p = module.params
     pending = txn.pending(txn.Paths(p["state_dir"]))
     try:
-        result = plan(p["deploy"], p["gpu_count"], p["state_dir"], env_src=p["env_src"], env_dir=p["env_dir"])
+        result = plan(p["deploy"], p["gpu_count"], p["state_dir"], env_src=p["env_src"], env_dir=p["env_dir"],
+                      env_text=p["env_text"] if module.check_mode else None)
     except PlanError as exc:
         module.fail_json(msg=str(exc))
-    module.exit_json(changed=False, plan=result, interrupted=txn.describe(pending) if pending else "")
+    interrupted = txn.describe(pending) if pending else ""
+    if not module.check_mode:
+        module.exit_json(changed=False, plan=result, interrupted=interrupted)
+    diff = [] if result["unchanged"] else plan_diff(p["deploy"], result, p["unit_dir"], p["env_dir"], p["unit_text"],
+                                                    p["env_text"], p["secret_keys"])
+    module.exit_json(changed=not result["unchanged"], plan=result, interrupted=interrupted, diff=diff)
 
 
 if __name__ == "__main__":
