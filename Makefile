@@ -20,6 +20,8 @@
 #: TOPK_CAPS="4 8"     sweep: the top-k caps to test (default: the config's cap)
 #: CLIFF_DROP=0.25     sweep: the acceptance drop (a fraction) that marks the cliff (default 0.25)
 #: TIE_TOLERANCE=0.03  sweep: tokens/s within this fraction of the fastest is a tie (default 0.03)
+#: DRAIN=1            provision: drain (stop) the services of hosts that serve before a reboot (default: refuse)
+#: VERBOSE=1           show skipped tasks too (the output hides them by default)
 #: PATCHES=a,b         wheel: build these patch features instead of CONFIG's (e.g. ddtree,fork)
 #: PATCH=NAME          patch-work: stop at this patch; patch-diff: the patch to write back
 #: LAB_HOSTS=2         lab: how many hosts lab1..labN (1 to 50)
@@ -53,11 +55,13 @@ TIE_TOLERANCE ?=
 HOST        ?=
 PATCHES     ?=
 PATCH       ?=
+DRAIN       ?=
+VERBOSE     ?=
 
 # Take every user variable's text as it is (make never expands a `$(...)` in it), and hand it to
 # the recipes' environment.
 USER_VARS := CONFIG INVENTORY LIMIT SERIAL LAB_HOSTS LAB_INVENTORY BUDGETS TOPK_CAPS CLIFF_DROP \
-             TIE_TOLERANCE HOST PATCHES PATCH
+             TIE_TOLERANCE HOST PATCHES PATCH DRAIN VERBOSE
 $(foreach v,$(USER_VARS),$(eval override $(v) := $$(value $(v))))
 
 # No INVENTORY: the lab (brought up when absent).
@@ -70,6 +74,9 @@ else
 endif
 export $(USER_VARS) INV
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
+ifneq ($(strip $(VERBOSE)),)
+  export ANSIBLE_DISPLAY_SKIPPED_HOSTS := true
+endif
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
 # Shell snippets. LIMIT_ARG: `--limit "$LIMIT,localhost"` when LIMIT is set (two words, the value intact;
@@ -185,10 +192,10 @@ status: $(STAMP) ## Show what serves on each host now, then the deploy history w
 	$(need_hosts)
 	$(ANSIBLE_PLAYBOOK) -i "$$INV" $(LIMIT_ARG) playbooks/status.yml
 
-provision: $(STAMP) ## Provision NVIDIA driver + CUDA [INVENTORY= LIMIT=]
+provision: $(STAMP) ## Provision NVIDIA driver + CUDA [INVENTORY= LIMIT= DRAIN=1: drain and reboot hosts that serve]
 	$(ensure_lab)
 	$(need_hosts)
-	$(ANSIBLE_PLAYBOOK) -i "$$INV" $(LIMIT_ARG) playbooks/provision.yml
+	$(ANSIBLE_PLAYBOOK) -i "$$INV" $(LIMIT_ARG) playbooks/provision.yml -e provision_allow_drain="$${DRAIN:-0}"
 
 build: $(STAMP) ## Build the wheel for CONFIG and install the release on the hosts [INVENTORY= LIMIT=]
 	$(need_config)

@@ -162,7 +162,10 @@ def test_every_other_variable_reaches_its_program_as_one_argument(recorded, tmp_
         # localhost too: the controller's plays (config check, status table) still run under LIMIT=
         assert calls == [HOSTS + ["--inventory", f"inv.yml{evil}", "--limit", f"a{evil}", "--limit-name", "LIMIT"],
                          ["ansible-playbook", "-i", f"inv.yml{evil}", "--limit", f"a{evil},localhost",
-                          f"playbooks/{target}.yml"]]
+                          f"playbooks/{target}.yml",
+                          *(["-e", "provision_allow_drain=0"] if target == "provision" else [])]]
+    proc, calls = recorded("provision", "INVENTORY=inv.yml", f"DRAIN=1{evil}")
+    assert calls[-1][-2:] == ["-e", f"provision_allow_drain=1{evil}"]  # one argument; the role reads it | bool
     # SERIAL is checked before anything runs: a value with shell syntax is refused, never run.
     proc, calls = recorded("deploy", "CONFIG=ddtree-b15", "INVENTORY=inv.yml", f"SERIAL=1$(touch {marker})")
     assert proc.returncode == 2 and calls == [] and f"SERIAL='1$(touch {marker})' is not allowed" in proc.stderr
