@@ -57,8 +57,8 @@ def test_a_larger_budget_tied_with_the_fastest_is_recommended_and_the_tie_is_nam
         "cap 8: 176.7 tokens/s, accept length 15.65 (tied within 3% with budget 15 cap 8 at 172.8 and budget 32 "
         "cap 8 at 177.8 tokens/s; the larger tree accepts at least as much, so it is recommended)")
     md = report.markdown(res)
-    assert "| 32 | 8 | 15.63 | 0.30 | 177.8 | 80.0 | 12 | 0 | - | ok (fastest) |" in md
-    assert "| 64 | 8 | 15.65 | 0.30 | 176.7 | 80.0 | 12 | 0 | - | ok (best) |" in md
+    assert "| 32 | 8 | 15.63 | 0.30 | 177.8 | 80.0 | 12 | 0 | no | - | - | - | - | ok (fastest) |" in md
+    assert "| 64 | 8 | 15.65 | 0.30 | 176.7 | 80.0 | 12 | 0 | no | - | - | - | - | ok (best) |" in md
     # 172.8 is 2.8% below 177.8: inside 3%, so 15 ties too, and the largest of the three still wins.
 
 
@@ -140,7 +140,7 @@ def test_failed_rows_are_skipped_and_kept_in_the_table():
 def test_nothing_measured_recommends_nothing():
     res = results_of([row(8, 8, None, None, status="failed")])
     assert res["best"] is None and res["cliff"] is None
-    assert "nothing to recommend" in res["recommendation"]
+    assert res["recommendation"] == "no variant recommended: no variant was measured (1 of 1 failed)"
 
 
 @pytest.mark.parametrize("bad", [0, 1, 1.5, -0.1, "0.25", True])
@@ -153,10 +153,10 @@ def test_results_md_has_the_table_cliff_and_recommendation():
     res = results_of(NOFORK, restored="ddtree-b15")
     md = report.markdown(res)
     assert md.startswith("# Sweep of ddtree-b15-nofork on lab1")
-    assert ("| budget | top-k cap | accept length | sd | tokens/s | step ms | requests | failures | exactness | "
-            "status |") in md
-    assert "| 15 | 8 | 15.00 | 0.30 | 172.8 | 80.0 | 12 | 0 | - | ok (best) |" in md
-    assert "| 32 | 8 | 7.20 | 0.30 | 92.2 | 80.0 | 12 | 0 | - | ok (cliff) |" in md
+    assert ("| budget | top-k cap | accept length | sd | tokens/s | step ms | requests | failures | leaks | smoke | "
+            "exactness | throughput | acceptance | status |") in md
+    assert "| 15 | 8 | 15.00 | 0.30 | 172.8 | 80.0 | 12 | 0 | no | - | - | - | - | ok (best) |" in md
+    assert "| 32 | 8 | 7.20 | 0.30 | 92.2 | 80.0 | 12 | 0 | no | - | - | - | - | ok (cliff) |" in md
     assert "**Cliff**: budget 32 (cap 8), accept length down 52.0% from the best so far." in md
     assert "**Recommendation**: acceptance cliff at budget 32" in md
     assert "**Warning**:" in md and "restored ddtree-b15" in md
@@ -216,7 +216,7 @@ def test_a_variant_that_fails_exactness_is_shown_and_never_recommended():
             row(32, 8, 11.0, 200.0, exactness={"verdict": "fail", "reason": "prompt x01 ..."})]
     res = results_of(rows)
     assert res["best"]["budget"] == 15
-    assert "not recommended, exactness failed: budget 32 cap 8" in res["recommendation"]
+    assert res["recommendation"].endswith("; not recommended: budget 32 cap 8 (exactness fail)")
     md = report.markdown(res)
-    assert "| 32 | 8 | 11.00 | 0.30 | 200.0 | 80.0 | 12 | 0 | fail | ok |" in md
-    assert "| 15 | 8 | 10.00 | 0.30 | 150.0 | 80.0 | 12 | 0 | pass | ok (best) |" in md
+    assert "| 32 | 8 | 11.00 | 0.30 | 200.0 | 80.0 | 12 | 0 | no | - | fail | - | - | ok (not recommended: exactness fail) |" in md
+    assert "| 15 | 8 | 10.00 | 0.30 | 150.0 | 80.0 | 12 | 0 | no | - | pass | - | - | ok (best) |" in md
