@@ -7,9 +7,11 @@ the exit codes and the restore after a failure, Ctrl-C or SIGTERM can be checked
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
+import types
 from pathlib import Path
 
 import pytest
@@ -182,13 +184,28 @@ def test_the_host_defaults_to_the_first_gpu_host(tmp_path, monkeypatch):
 # The run: deploy order, exit codes and the restore, with fake deploys and benches
 
 
-class Fake:
-    """Stands in for ansible-playbook, the bench and the host; records the calls."""
+def fake_bench(url, acc, tps, completed=4):
+    return sweep.bench.BenchResult(
+        url=url, requests=4, concurrency=4, max_new_tokens=96, prompts_digest="x", started="", wall_s=2.0,
+        completed=completed, failed=4 - completed, completed_fraction=completed / 4,
+        total_completion_tokens=96 * completed, tokens_per_s=tps, accept_length_mean=acc, accept_length_stdev=0.2,
+        accept_length_requests=completed, step_time_ms_mean=85.0, latency_s_mean=1.0)
 
-    def __init__(self, before=("ddtree-b15",), fail=(), interrupt_at=None, signal_at=None, restore_ok=True):
+
+class Fake:
+    """Stands in for ansible-playbook, the SSH tunnel, the service and the host; records the calls. The gates
+    are the real gate code (``gate.throughput``, ``gate.acceptance``, the config's thresholds) over a fake
+    bench: accept length 15 up to budget 15, 7 above (``curve`` changes it), tokens/s 11.5 per accepted token."""
+
+    def __init__(self, before=("ddtree-b15",), fail=(), interrupt_at=None, signal_at=None, restore_ok=True,
+                 curve=None, exactness=None):
         self.before, self.fail, self.restore_ok = list(before), set(fail), restore_ok
         self.interrupt_at, self.signal_at = interrupt_at, signal_at
+        self.curve = curve or (lambda b: (15.0 if b <= 15 else 7.0, (15.0 if b <= 15 else 7.0) * 11.5))
+        self.exactness = exactness or {}
         self.calls: list[tuple] = []
+        self.gate_calls: list[dict] = []
+        self.deployed_budget = None
 
     def install(self, monkeypatch):
         fake = self
@@ -196,26 +213,45 @@ class Fake:
         def deploy(s, config, gate_mode, log, protect):
             name = Path(str(config)).stem
             fake.calls.append(("deploy", name, gate_mode))
+            if gate_mode == "smoke":
+                fake.deployed_budget = int(name.rsplit("-b", 1)[1].split("-k")[0])
             ok = name not in fake.fail and (gate_mode == "smoke" or fake.restore_ok)
             return sweep.DeployResult(ok, 1.0, "" if ok else f"DEPLOY FAILED on lab1: {name}", log)
 
-        def measure(s, v):
-            fake.calls.append(("bench", v.name))
-            if v.budget == fake.interrupt_at:
+        @contextlib.contextmanager
+        def forward(target, remote_port, remote_host="127.0.0.1", local_port=None):
+            yield "http://127.0.0.1:45678"
+
+        def run_all(url, thresholds, speculative, baseline=None, only=None, prompts=None, bench_timeout=600.0,
+                    **kw):
+            budget = fake.deployed_budget
+            fake.calls.append(("bench", budget))
+            fake.gate_calls.append({"url": url, "speculative": speculative, "only": only, "kw": kw,
+                                    "bench_requests": thresholds.bench_requests,
+                                    "bench_max_tokens": thresholds.bench_max_tokens,
+                                    "min_accept_length": thresholds.min_accept_length})
+            if budget == fake.interrupt_at:
                 raise KeyboardInterrupt("SIGINT")
-            if v.budget == fake.signal_at:
+            if budget == fake.signal_at:
                 os.kill(os.getpid(), signal.SIGTERM)
-            acc = 15.0 if v.budget <= 15 else 7.0
-            return {"completed": 4, "failed": 0, "requests": 4, "accept_length_mean": acc,
-                    "accept_length_stdev": 0.2, "tokens_per_s": acc * 11.5, "step_time_ms_mean": 85.0,
-                    "errors": [], "wall_s": 2.0}
+            acc, tps = fake.curve(budget)
+            b = fake_bench(url, acc, tps)
+            smoke = sweep.gate.GateResult("smoke", "deterministic_answer", 32.0, None, None, "pass", "answered")
+            return sweep.gate.GateReport(url, speculative, thresholds,
+                                         [smoke, sweep.gate.throughput(b, thresholds),
+                                          sweep.gate.acceptance(b, thresholds)], bench=b)
 
         def cleanup(s, stop):
             fake.calls.append(("cleanup", stop))
             return None
 
         monkeypatch.setattr(sweep.Sweep, "deploy", deploy)
-        monkeypatch.setattr(sweep.Sweep, "measure", measure)
+        monkeypatch.setattr(sweep.tunnel, "forward", forward)
+        monkeypatch.setattr(sweep.gate, "run_all", run_all)
+        monkeypatch.setattr(sweep.serving, "wait_drained",
+                            lambda url, timeout: types.SimpleNamespace(ok=True, state="drained", detail=""))
+        monkeypatch.setattr(sweep.Sweep, "exactness_of",
+                            lambda s, v, seen=None: fake.exactness.get(v.budget))
         monkeypatch.setattr(sweep.Sweep, "running_before", lambda s: list(fake.before))
         monkeypatch.setattr(sweep.Sweep, "cleanup_variants", cleanup)
 
@@ -235,9 +271,9 @@ def test_a_complete_sweep_deploys_one_variant_at_a_time_then_restores(tmp_path, 
     code, results, s = start(tmp_path, monkeypatch, fake)
     assert code == 0
     assert fake.calls == [
-        ("deploy", "ddtree-b15-nofork-b8-k8", "smoke"), ("bench", "ddtree-b15-nofork-b8-k8"),
-        ("deploy", "ddtree-b15-nofork-b15-k8", "smoke"), ("bench", "ddtree-b15-nofork-b15-k8"),
-        ("deploy", "ddtree-b15-nofork-b32-k8", "smoke"), ("bench", "ddtree-b15-nofork-b32-k8"),
+        ("deploy", "ddtree-b15-nofork-b8-k8", "smoke"), ("bench", 8),
+        ("deploy", "ddtree-b15-nofork-b15-k8", "smoke"), ("bench", 15),
+        ("deploy", "ddtree-b15-nofork-b32-k8", "smoke"), ("bench", 32),
         ("deploy", "ddtree-b15", "full"), ("cleanup", False)]
     assert results["restored"] == "ddtree-b15" and results["cliff"]["budget"] == 32
     out = capsys.readouterr().out
