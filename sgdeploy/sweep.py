@@ -508,8 +508,7 @@ class Sweep:
                   "rc=1; fi; done; exit $rc")
         proc = self.adhoc("ansible.builtin.shell", json.dumps({"cmd": script}))
         if proc.returncode != 0:
-            detail = re.sub(r"\s+", " ", (proc.stdout + " " + proc.stderr).strip())[:300]
-            return f"stopping the variant units failed (ansible exit {proc.returncode}): {detail}"
+            return f"stopping the variant units failed (ansible exit {proc.returncode}): {adhoc_detail(proc)}"
         return None
 
     # ---- the whole run
@@ -591,6 +590,16 @@ class Sweep:
         if results["best"] is None:
             return 3, results  # measured, but no variant qualifies (the recommendation says why)
         return 0, results
+
+
+def adhoc_detail(proc: subprocess.CompletedProcess) -> str:
+    """One line of what an ad-hoc ``ansible -o`` call said: its result line (``HOST | FAILED | rc=1 |
+    (stdout) ...``), else the last line of stderr that is not a warning."""
+    lines = [line.strip() for line in proc.stdout.splitlines() if line.strip()]
+    if not lines:
+        lines = [line.strip() for line in proc.stderr.splitlines()
+                 if line.strip() and not line.lstrip().startswith(("[WARNING]", "[DEPRECATION WARNING]"))][-1:]
+    return (lines[0] if lines else "no output")[:300]
 
 
 def restore_target(name: str, base: spec.Config) -> Path | None:

@@ -218,7 +218,8 @@ def test_a_variant_that_fails_exactness_is_shown_and_never_recommended():
     assert res["best"]["budget"] == 15
     assert res["recommendation"].endswith("; not recommended: budget 32 cap 8 (exactness fail)")
     md = report.markdown(res)
-    assert "| 32 | 8 | 11.00 | 0.30 | 200.0 | 80.0 | 12 | 0 | no | - | fail | - | - | ok (not recommended: exactness fail) |" in md
+    assert ("| 32 | 8 | 11.00 | 0.30 | 200.0 | 80.0 | 12 | 0 | no | - | fail | - | - | ok (not recommended: "
+            "exactness fail) |") in md
     assert "| 15 | 8 | 10.00 | 0.30 | 150.0 | 80.0 | 12 | 0 | no | - | pass | - | - | ok (best) |" in md
 
 
@@ -280,7 +281,8 @@ def test_when_nothing_qualifies_nothing_is_recommended_and_the_text_says_why():
 def test_results_md_has_a_leaks_column_and_all_four_gate_verdicts():
     md = report.markdown(results_of(NOFORK_16))
     assert ("| leaks | smoke | exactness | throughput | acceptance | status |") in md
-    assert "| 15 | 8 | 15.00 | 0.30 | 172.8 | 80.0 | 12 | 0 | no | pass | inconclusive | pass | pass | ok (best) |" in md
+    assert ("| 15 | 8 | 15.00 | 0.30 | 172.8 | 80.0 | 12 | 0 | no | pass | inconclusive | pass | pass | "
+            "ok (best) |") in md
     assert ("| 16 | 8 | 14.40 | 0.30 | 173.0 | 80.0 | 12 | 0 | yes | pass | inconclusive | pass | pass | ok (not "
             "recommended: leaks: no state forking above block_size - 1) |") in md
     assert ("| 64 | 8 | 4.80 | 0.30 | 63.4 | 80.0 | 12 | 0 | yes | pass | pass | fail | fail | ok (not recommended: "
