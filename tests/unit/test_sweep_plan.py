@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sgdeploy import spec, sweep
+from sgdeploy import bench, gate, serving, spec, sweep, tunnel
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -186,7 +186,7 @@ def test_the_host_defaults_to_the_first_gpu_host(tmp_path, monkeypatch):
 
 
 def fake_bench(url, acc, tps, completed=4):
-    return sweep.bench.BenchResult(
+    return bench.BenchResult(
         url=url, requests=4, concurrency=4, max_new_tokens=96, prompts_digest="x", started="", wall_s=2.0,
         completed=completed, failed=4 - completed, completed_fraction=completed / 4,
         total_completion_tokens=96 * completed, tokens_per_s=tps, accept_length_mean=acc, accept_length_stdev=0.2,
@@ -237,19 +237,19 @@ class Fake:
                 os.kill(os.getpid(), signal.SIGTERM)
             acc, tps = fake.curve(budget)
             b = fake_bench(url, acc, tps)
-            smoke = sweep.gate.GateResult("smoke", "deterministic_answer", 32.0, None, None, "pass", "answered")
-            return sweep.gate.GateReport(url, speculative, thresholds,
-                                         [smoke, sweep.gate.throughput(b, thresholds),
-                                          sweep.gate.acceptance(b, thresholds)], bench=b)
+            smoke = gate.GateResult("smoke", "deterministic_answer", 32.0, None, None, "pass", "answered")
+            return gate.GateReport(url, speculative, thresholds,
+                                         [smoke, gate.throughput(b, thresholds),
+                                          gate.acceptance(b, thresholds)], bench=b)
 
         def cleanup(s, stop):
             fake.calls.append(("cleanup", stop))
             return None
 
         monkeypatch.setattr(sweep.Sweep, "deploy", deploy)
-        monkeypatch.setattr(sweep.tunnel, "forward", forward)
-        monkeypatch.setattr(sweep.gate, "run_all", run_all)
-        monkeypatch.setattr(sweep.serving, "wait_drained",
+        monkeypatch.setattr(tunnel, "forward", forward)
+        monkeypatch.setattr(gate, "run_all", run_all)
+        monkeypatch.setattr(serving, "wait_drained",
                             lambda url, timeout: types.SimpleNamespace(ok=True, state="drained", detail=""))
         monkeypatch.setattr(sweep.Sweep, "exactness_of",
                             lambda s, v, seen=None: fake.exactness.get(v.budget))
@@ -469,7 +469,7 @@ def test_the_cleanup_runs_through_ansible_with_the_inventorys_become_and_state_d
         calls.append(cmd)
         return subprocess.CompletedProcess(cmd, 0, "gpu-01 | CHANGED | rc=0 | (stdout) ", "")
 
-    monkeypatch.setattr(sweep.tunnel, "run", no_bare_ssh)
+    monkeypatch.setattr(tunnel, "run", no_bare_ssh)
     monkeypatch.setattr(sweep.subprocess, "run", run)
     assert s.cleanup_variants(stop=True) is None
     (cmd,) = calls
@@ -489,7 +489,7 @@ def test_a_failed_cleanup_is_one_line_naming_the_host_result(tmp_path, monkeypat
                                             str(become_inventory(tmp_path)), "--out", str(tmp_path / "r")])
     s = sweep.prepare(args)
     s.deployed = list(s.variants)
-    monkeypatch.setattr(sweep.tunnel, "run", lambda *a, **k: (0, "", ""))
+    monkeypatch.setattr(tunnel, "run", lambda *a, **k: (0, "", ""))
     monkeypatch.setattr(sweep.subprocess, "run", lambda cmd, **kw: subprocess.CompletedProcess(
         cmd, 2, "gpu-01 | FAILED | rc=1 | (stdout) sglang-ddtree-b15-b32-k8.service is still active\n",
         "[WARNING]: something\n"))
