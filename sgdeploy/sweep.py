@@ -617,13 +617,16 @@ def report_time() -> str:
 
 def progress(row: dict) -> str:
     verdicts = report.gate_verdicts(row)
-    gates = ", ".join(f"{g} {verdicts[g] or '-'}" for g in report.GATE_NAMES)
+    if row.get("gates"):
+        gates = "; gates: " + ", ".join(f"{g} {verdicts[g] or '-'}" for g in report.GATE_NAMES)
+    else:  # a row without the gates' verdicts knows its exactness verdict only
+        gates = f", exactness {verdicts['exactness'] or '-'}" if row["status"] == "ok" else ""
     leak = "; LEAKS (no state forking above block_size - 1)" if report.leaks(row) else ""
     if row["status"] != "ok":
-        return f"FAILED: {row['error']}" + (f"; gates: {gates}" if row.get("gates") else "") + leak
+        return f"FAILED: {row['error']}{gates}{leak}"
     return (f"accept {row['accept_length_mean']:.1f} (sd {row['accept_length_sd']:.1f}), "
             f"{row['tokens_per_s']:.1f} tok/s, step {row['step_time_ms']:.0f} ms, "
-            f"{row['requests'] - row['failures']}/{row['requests']} requests; gates: {gates}{leak}")
+            f"{row['requests'] - row['failures']}/{row['requests']} requests{gates}{leak}")
 
 
 def summary(results: dict, paths: dict[str, Path]) -> str:
