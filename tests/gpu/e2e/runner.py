@@ -375,12 +375,17 @@ def sweep_report(servers: dict, results: dict, out: Path) -> None:
         e = s.entry
         ok = b["completed"] > 0 and b["accept_length_mean"] is not None
         v = verdicts.get(n, {})
+        rep = (results.get(n, {}).get("gates") or {}).get("report") or {}
+        gates_ = {g["gate"]: {"verdict": g["verdict"], "value": g.get("value")} for g in rep.get("gates", [])}
+        gates_["exactness"] = {"verdict": v.get("verdict"), "reason": v.get("reason")}
+        failed = [g for g, x in gates_.items() if x["verdict"] == "fail"]
         rows.append(report.variant_row(
             e["budget"], e["topk_cap"], accept_length_mean=b["accept_length_mean"],
             accept_length_sd=b["accept_length_stdev"], tokens_per_s=b["tokens_per_s"] if ok else None,
             step_time_ms=b["step_time_ms_mean"], requests=b["requests"], failures=b["failed"],
             status="ok" if ok else "failed", error=None if ok else "no completed request", config=e["config"],
-            reproduce_state_leak=not e["state_forking"],
+            reproduce_state_leak=not e["state_forking"], leaks=not e["state_forking"] and e["budget"] > 15,
+            gates=gates_, gates_failed=failed,
             exactness={"verdict": v.get("verdict"), "reason": v.get("reason")} if v else None))
     if not rows:
         results["sweep"] = {"error": "no sweep rows"}
