@@ -16,6 +16,7 @@ import json
 import sys
 from pathlib import Path
 
+from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_gate_selfcheck as selfcheck  # noqa: F401
 from ansible_collections.sgdeploy.host.plugins.module_utils.sglang_gate_exactness import (  # noqa: F401
     FAIL,
     HOW_TO_MAKE,
