@@ -61,6 +61,8 @@ def test_without_a_reference_the_readme_deploy_is_decided_on_the_targets_own_pre
     e = record["exactness"]
     assert e["verdict"] == "pass" and e["details"]["method"] == "self-check"
     assert e["details"]["tokens"] == 16 * 64 and e["details"]["outside"] == 0
+    # Each prefill was computed, not served from what the decode left in the prefix cache.
+    assert [p["prefill_cached_tokens"] for p in e["details"]["per_prompt"]] == [0] * 16
     assert lab.ssh("lab1", f"test -e {REFERENCE}", check=False).returncode != 0  # decided without one
 
 

@@ -322,6 +322,7 @@ def test_the_target_records_a_reference_a_forking_ddtree_passes_a_leaky_one_fail
     assert e.reason.endswith("(self-check: no reference outputs for Qwen/Qwen3.6-27B@main on this host yet "
                              f"({refs / 'Qwen--Qwen3.6-27B@main.json'}))")
     assert e.details["method"] == "self-check" and len(e.details["per_prompt"]) == 16
+    assert {p["prefill_cached_tokens"] for p in e.details["per_prompt"]} == {0}
     assert first.passed and first.all_passed and first.lines()[-1] == "gates passed"
 
     with sim_engine(tmp_path, None, []) as url:

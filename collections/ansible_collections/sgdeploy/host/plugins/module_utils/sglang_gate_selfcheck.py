@@ -212,8 +212,11 @@ def check_prompt(base_url: str, prompt: bench.Prompt, tolerance: float, max_new_
     if left <= 0:
         raise ExactnessError("the prefill was not sent: the time limit ran out")
     sent = prompt_ids + tokens
-    scored = parse_prefill(_post(base_url, prefill_body(sent), left), sent)
-    return judge(prompt.id, len(prompt_ids), tokens, texts, scored, tolerance)
+    answer = _post(base_url, prefill_body(sent), left)
+    scored = parse_prefill(answer, sent)
+    result = judge(prompt.id, len(prompt_ids), tokens, texts, scored, tolerance)
+    result["prefill_cached_tokens"] = answer["meta_info"].get("cached_tokens")  # 0, or parse_prefill refused it
+    return result
 
 
 def self_check(base_url: str, prompts: list[bench.Prompt] | None = None, tolerance: float = 0.1,
