@@ -102,6 +102,7 @@ class Serving:
     forking_memory_gib: float | None = None
     replicas: int = 1
     router: bool = False
+    api_key_secret: str | None = None
 
 
 @dataclass(frozen=True)
@@ -255,6 +256,7 @@ SCHEMA: dict[str, Any] = {
         "forking_memory_gib": ("float", None),
         "replicas": ("int", 1),
         "router": ("bool", None),
+        "api_key_secret": ("str", None),
     },
     # The gates section is defined once, in sgdeploy.gate_schema (the gate reads the same definition).
     "gates": {key: (f.kind, f.default) for key, f in gate_schema.FIELDS.items()},
@@ -731,6 +733,7 @@ def validate(merged: dict[str, Any], source: Path, name: str) -> Config:
             chk.bad(f"serving.{key}", t, "must be between 1 and 86400 seconds (a timeout of 0 never gives up)")
     _check_extra_args(chk, serving["extra_args"] or [])
     _check_env(chk, serving["env"] or {})
+    _check_api_key_secret(chk, serving)
 
     _check_forking_memory(chk, v["model"], spec, serving)
     _check_strings(chk, v)
@@ -761,7 +764,7 @@ def validate(merged: dict[str, Any], source: Path, name: str) -> Config:
         max_running_requests=mrr, extra_args=tuple(serving["extra_args"]), env=dict(serving["env"]),
         start_timeout_s=serving["start_timeout_s"], stop_timeout_s=serving["stop_timeout_s"],
         drain_timeout_s=serving["drain_timeout_s"], forking_memory_gib=serving["forking_memory_gib"],
-        replicas=replicas, router=router,
+        replicas=replicas, router=router, api_key_secret=serving["api_key_secret"],
     )
     return Config(name=name, source=source, description=v["description"], model=model, drafter=drafter,
                   speculative=speculative, serving=serving_obj, gates=Gates(dict(gates)), merged=merged)
@@ -799,6 +802,32 @@ def _is_number(text: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+def is_loopback(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return False
+
+
+def _check_api_key_secret(chk: _Checker, serving: dict[str, Any]) -> None:
+    """serving.api_key_secret names the engines' API key in the inventory's sglang_secret_env (Vault);
+    required when the service binds an address other hosts reach."""
+    name = serving["api_key_secret"]
+    if name is None:
+        host = serving["host"]
+        if isinstance(host, str) and not is_loopback(host):
+            chk.bad("serving.api_key_secret", ABSENT, f"required with serving.host {host} (not loopback): name the "
+                    "engines' API key in the inventory's sglang_secret_env; engines and router then refuse requests "
+                    "without it")
+        return
+    if not ENV_NAME_RE.fullmatch(name):
+        chk.bad("serving.api_key_secret", name, "the name of a key of the inventory's sglang_secret_env: letters, "
+                                                "digits and _")
+    elif name in MANAGED_ENV or any(name.startswith(p) for p in MANAGED_ENV_PREFIXES):
+        chk.bad("serving.api_key_secret", name, "a name of sglang_secret_env that the unit does not manage (not "
+                                                f"{', '.join(MANAGED_ENV_PREFIXES)}*, nor a variable the unit sets)")
 
 
 def _check_env(chk: _Checker, env: dict[str, str]) -> None:
@@ -919,6 +948,8 @@ def to_yaml(config: Config) -> str:
         "stop_timeout_s": sv.stop_timeout_s, "drain_timeout_s": sv.drain_timeout_s,
         "forking_memory_gib": sv.forking_memory_gib,
     }
+    if sv.api_key_secret is not None:
+        out["serving"]["api_key_secret"] = sv.api_key_secret
     if sv.router:
         out["serving"].pop("nccl_port")
         out["serving"].update(replicas=sv.replicas, router=True)

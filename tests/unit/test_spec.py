@@ -159,6 +159,12 @@ BAD = [
     ("env-transformers-offline", {"serving": {"env": {"TRANSFORMERS_OFFLINE": "0"}}},
      "serving.env.TRANSFORMERS_OFFLINE", "never reaches the Hub"),
     ("env-hf-home", {"serving": {"env": {"HF_HOME": "/tmp/hf"}}}, "serving.env.HF_HOME", "set by the unit"),
+    ("bind-all-without-api-key", {"serving": {"host": "0.0.0.0"}}, "serving.api_key_secret",
+     "required with serving.host 0.0.0.0 (not loopback)"),
+    ("api-key-secret-not-a-name", {"serving": {"api_key_secret": "my key"}}, "serving.api_key_secret",
+     "a key of the inventory's sglang_secret_env"),
+    ("api-key-secret-managed", {"serving": {"api_key_secret": "LD_PRELOAD"}}, "serving.api_key_secret",
+     "that the unit does not manage"),
     ("env-hf-token", {"serving": {"env": {"HF_TOKEN": "hf_x"}}}, "serving.env.HF_TOKEN", "sglang_secret_env"),
     ("timeout-zero", {"serving": {"start_timeout_s": 0}}, "serving.start_timeout_s", "never gives up"),
     ("fork-on-pure-attention", {"model": {"recurrent_layers": False}}, "speculative.state_forking",
@@ -368,3 +374,14 @@ def test_flag_resolution_follows_sglangs_parser():
     assert sglang_flags.resolve("--speculative-ddtree-b") == ("--speculative-ddtree-b", {"speculative_ddtree_budget"})
     assert "api_key" in sglang_flags.resolve("--api")[1]
     assert sglang_flags.resolve("--no-such-flag-at-all") == ("--no-such-flag-at-all", set())
+
+
+def test_a_config_with_an_api_key_round_trips_through_make_config(tmp_path):
+    path = tmp_path / "keyed.yml"
+    path.write_text("extends: ddtree-b15\nserving: {host: 0.0.0.0, api_key_secret: SGLANG_ENGINE_KEY}\n")
+    result = run_cli("config", str(path))
+    assert result.returncode == 0, result.stderr
+    again = tmp_path / "again.yml"
+    again.write_text(result.stdout)
+    assert spec.load(again).serving == spec.load(path).serving
+    assert spec.load(again).serving.api_key_secret == "SGLANG_ENGINE_KEY"
