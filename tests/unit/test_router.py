@@ -235,7 +235,8 @@ def test_the_router_unit_the_role_renders_is_hardened_and_parsed_back_by_status_
     assert parsed["workers"] == ["http://127.0.9.1:31101", "http://127.0.9.1:31103"]
     assert parsed["argv"][:2] == ["/opt/sglang-router/0.3.2/venv/bin/python",
                                   "/opt/sglang-router/0.3.2/sglang_router_launch.py"]
-    for line in ("EnvironmentFile=/etc/sglang/router-31100.env", "User=sglang-router", "NoNewPrivileges=yes", "ProtectSystem=strict", "CapabilityBoundingSet=",
+    for line in ("EnvironmentFile=/etc/sglang/router-31100.env",
+                 "User=sglang-router", "NoNewPrivileges=yes", "ProtectSystem=strict", "CapabilityBoundingSet=",
                  "PrivateDevices=yes", "Restart=always",
                  # 0.3.2 ignores HF_HUB_OFFLINE: its tokenizer lookups go to a closed loopback port, never the Hub.
                  "Environment=HF_ENDPOINT=http://127.0.0.1:9"):
