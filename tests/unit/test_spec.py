@@ -385,3 +385,17 @@ def test_a_config_with_an_api_key_round_trips_through_make_config(tmp_path):
     again.write_text(result.stdout)
     assert spec.load(again).serving == spec.load(path).serving
     assert spec.load(again).serving.api_key_secret == "SGLANG_ENGINE_KEY"
+
+
+def test_the_patched_flags_are_the_series_own_fields():
+    """sgdeploy.sglang_flags.PATCHED_FLAGS (not in the pristine table) are exactly the DDTree fields the
+    patch series adds to ServerArgs (their option strings are the field names with '-')."""
+    import re
+
+    from sgdeploy import sglang_flags
+
+    text = "".join(p.read_text() for p in (REPO / "patches" / "sglang").rglob("*") if p.is_file()
+                   and p.suffix in (".patch", ".py"))
+    fields = set(re.findall(r"^\+?\s+(speculative_ddtree_[a-z_]+): A\[", text, re.M))
+    assert fields == set(sglang_flags.PATCHED_FLAGS.values())
+    assert all(opt == "--" + dest.replace("_", "-") for opt, dest in sglang_flags.PATCHED_FLAGS.items())
