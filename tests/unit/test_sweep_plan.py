@@ -203,7 +203,8 @@ class Fake:
         self.before, self.fail, self.restore_ok = list(before), set(fail), restore_ok
         self.interrupt_at, self.signal_at = interrupt_at, signal_at
         self.curve = curve or (lambda b: (15.0 if b <= 15 else 7.0, (15.0 if b <= 15 else 7.0) * 11.5))
-        self.exactness = exactness or {}
+        # None: every variant's deploy recorded exactness pass (the deploy's gate always decides since issue 33)
+        self.exactness = exactness
         self.calls: list[tuple] = []
         self.gate_calls: list[dict] = []
         self.deployed_budget = None
@@ -252,7 +253,8 @@ class Fake:
         monkeypatch.setattr(serving, "wait_drained",
                             lambda url, timeout: types.SimpleNamespace(ok=True, state="drained", detail=""))
         monkeypatch.setattr(sweep.Sweep, "exactness_of",
-                            lambda s, v, seen=None: fake.exactness.get(v.budget))
+                            lambda s, v, seen=None: ({"verdict": "pass", "reason": "ok"} if fake.exactness is None
+                                                     else fake.exactness.get(v.budget)))
         monkeypatch.setattr(sweep.Sweep, "running_before", lambda s: list(fake.before))
         monkeypatch.setattr(sweep.Sweep, "cleanup_variants", cleanup)
 
@@ -403,10 +405,11 @@ def test_every_variant_runs_the_deploys_gates_and_a_leaking_budget_is_never_reco
         assert all(g["verdict"] in ("pass", "fail", "inconclusive") for g in v["gates"].values()), v["gates"]
     assert [rows[b]["leaks"] for b in (8, 15, 16, 32)] == [False, False, True, True]
     assert rows[16]["gates"]["exactness"]["verdict"] == "fail" and rows[16]["gates_failed"] == ["exactness"]
-    # No exactness verdict in a deploy record: inconclusive, which does not stop a deploy by default.
+    # No exactness verdict in a deploy record: inconclusive, which stops a deploy by default
+    # (gates.exactness_inconclusive: fail), so it disqualifies the variant too.
     assert rows[32]["gates"]["exactness"] == {"verdict": "inconclusive",
                                               "reason": "the variant's deploy recorded no exactness verdict"}
-    assert rows[32]["gates_failed"] == ["throughput", "acceptance"]
+    assert rows[32]["gates_failed"] == ["exactness", "throughput", "acceptance"]
     assert (results["best"]["budget"], results["fastest"]["budget"]) == (15, 15)
     assert "recommended: budget 15 cap 8" in results["recommendation"]
     assert "budget 16 cap 8 (leaks: no state forking above block_size - 1; exactness fail)" in results["recommendation"]
