@@ -70,7 +70,8 @@ def test_a_recovery_whose_restored_service_cannot_serve_says_why(lab):
     try:
         # The old engine finishes its drain and exits; the stray listener takes its port.
         port_taken = "ss -ltnH 'sport = :30000' | grep -q ."
-        wait_on_host(lab, f"test \"$(systemctl is-active {B15})\" = inactive && ! {port_taken}", seconds=120)
+        # (it drains a 4 000-token request first: CI's run of 2026-12-03 needed more than 120 s on 2 loaded cores)
+        wait_on_host(lab, f"test \"$(systemctl is-active {B15})\" = inactive && ! {port_taken}", seconds=300)
         lab.ssh("lab1", f"systemd-run --unit={STRAY} python3 -m http.server --bind {addr} 30000")
         wait_on_host(lab, port_taken, seconds=30)
         assert active_unit(lab, "lab1", f"{STRAY}.service") == "active"
