@@ -261,19 +261,10 @@ def target_hosts(inventory: str, limit: str | None = None, group: str = HOST_GRO
 
 
 def _group_hosts(data: dict, group: str) -> list[str]:
-    out: list[str] = []
+    """The hosts of ``group`` and its children in ``ansible-inventory --list`` output (the sweep's own walk)."""
+    from sgdeploy import sweep
 
-    def walk(name: str, seen: set[str]) -> None:
-        if name in seen:
-            return
-        seen.add(name)
-        entry = data.get(name) or {}
-        out.extend(h for h in entry.get("hosts", []) if h not in out)
-        for child in entry.get("children", []):
-            walk(child, seen)
-
-    walk(group, set())
-    return out
+    return sweep.group_hosts(data, group)
 
 
 def cmd_hosts(args: argparse.Namespace) -> int:
