@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import hmac
 import importlib.metadata
 import json
 import math
@@ -261,6 +262,8 @@ def build_parser(has_ddtree: bool) -> Parser:
     p.add_argument("--trust-remote-code", action="store_true")
     p.add_argument("--enable-metrics", action="store_true")
     p.add_argument("--log-level", default="info")
+    # SGLang's --api-key: every route but /health* and /metrics asks "Authorization: Bearer <key>"; never logged.
+    p.add_argument("--api-key", default=None)
     return p
 
 
@@ -913,10 +916,22 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(f"data: {data}\n\n".encode())
         self.wfile.flush()
 
+    def _authorized(self, path: str) -> bool:
+        """SGLang's API key check: 401 without the right Bearer, except on /health* and /metrics."""
+        key = getattr(self.sim.args, "api_key", None)
+        if not key or path.startswith("/health") or path == "/metrics":
+            return True
+        if hmac.compare_digest(self.headers.get("Authorization", "").encode(), f"Bearer {key}".encode()):
+            return True
+        self._send(401, {"error": "Unauthorized"})
+        return False
+
     # -- routing --------------------------------------------------------------------------------------
     def do_GET(self):  # noqa: N802
         sim = self.sim
         path = self.path.split("?", 1)[0]
+        if not self._authorized(path):
+            return
         if path == "/health":
             if sim.state == "ready":
                 self._send(200, b"", "text/plain")
@@ -944,6 +959,8 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_POST(self):  # noqa: N802
         path = self.path.split("?", 1)[0]
+        if not self._authorized(path):
+            return
         routes = {"/generate": self._generate, "/v1/completions": self._completions,
                   "/v1/chat/completions": self._chat}
         handler = routes.get(path)
@@ -1258,7 +1275,7 @@ def main(argv: list[str] | None = None) -> int:
     log("SGLang SIMULATOR (test equipment, no GPU, no model weights): sglang_sim.py")
     log(f"sglang version {version or 'unknown (not installed)'}; release features: "
         f"{', '.join(sorted(features)) or 'none (stock)'}")
-    shown = {k: v for k, v in vars(args).items()}
+    shown = {k: ("<redacted>" if k == "api_key" and v else v) for k, v in vars(args).items()}
     log("server_args=ServerArgs(" + ", ".join(f"{k}={v!r}" for k, v in shown.items()) + ")")
     log(f"model {args.model_path}: {'hybrid (recurrent GDN/Mamba layers)' if hybrid else 'pure attention'} "
         f"(from {hybrid_source}); state forking {'on' if cfg.fork else 'off'}; "

@@ -178,6 +178,26 @@ def test_health_is_503_while_loading_then_200(tmp_path):
         sim.stop()
 
 
+def test_api_key_asks_bearer_except_on_health_and_metrics_and_is_never_logged(tmp_path):
+    key = "sk-sim-test-5e1f0c"
+    sim = Sim(tmp_path, "apikey", "stock", ["--model-path", PURE, "--enable-metrics", "--api-key", key])
+    try:
+        sim.wait_ready()
+        assert sim.get("/health_generate").status_code == 200
+        assert sim.get("/metrics").status_code == 200
+        body = {"text": "hi", "sampling_params": {"temperature": 0, "max_new_tokens": 2}}
+        assert sim.post("/generate", body).status_code == 401
+        assert sim.post("/generate", body, headers={"Authorization": "Bearer wrong"}).status_code == 401
+        assert sim.get("/get_server_info").status_code == 401
+        good = {"Authorization": f"Bearer {key}"}
+        assert sim.post("/generate", body, headers=good).status_code == 200
+        info = sim.get("/get_server_info", headers=good)
+        assert info.status_code == 200 and key not in info.text
+        assert key not in sim.log
+    finally:
+        sim.stop()
+
+
 def test_never_healthy_stays_loading(fleet):
     sim = fleet["never"]
     assert sim.first_answer() == 503
