@@ -9,6 +9,8 @@ removed by the next run.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -97,8 +99,8 @@ def test_no_secret_in_the_state_and_a_rollback_after_a_rotation_uses_the_current
     for config in ("ddtree-b15", "ddtree-b32"):  # b32 replaces b15: its previous.json is b15's
         proc = playbook(lab, with_token(lab, tmp_path, old), "playbooks/deploy.yml", config)
         assert proc.returncode == 0, output_of(proc)[-3000:]
-    found = lab.ssh("lab1", f"grep -rl {old} {STATE} /etc/sglang; true").stdout.split()
-    assert found == ["/etc/sglang/ddtree-b32.env"]
+    # The env files (b15's stays with its disabled unit), and no state file.
+    assert lab.ssh("lab1", f"grep -rl {old} {STATE}; true").stdout.strip() == ""
     assert "env_public" in lab.ssh("lab1", f"cat {STATE}/ddtree-b32/previous.json").stdout
 
     proc = playbook(lab, with_token(lab, tmp_path, new), "playbooks/rollback.yml", "ddtree-b32")
@@ -108,9 +110,31 @@ def test_no_secret_in_the_state_and_a_rollback_after_a_rotation_uses_the_current
     assert server_info(lab, "lab1")["speculative_ddtree_budget"] == 15
     environ = lab.ssh("lab1", f"tr '\\0' '\\n' < /proc/{main_pid(lab, B15)}/environ").stdout
     assert f"HF_TOKEN={new}" in environ and old not in environ
-    assert lab.ssh("lab1", f"grep -rl {old} {STATE} /etc/sglang /var/lib/sglang-deploy; true").stdout.strip() == ""
+    assert lab.ssh("lab1", f"grep -c {old} {ENV}; true").stdout.strip() == "0"
+    assert lab.ssh("lab1", f"grep -rl {old} {STATE}; true").stdout.strip() == ""
     assert lab.ssh("lab1", f"grep -rl {new} {STATE}; true").stdout.strip() == ""
     assert lab.ssh("lab1", f"stat -c '%a %U %G' {ENV}").stdout.split() == ["640", "root", "sglang"]
     assert lab.ssh("lab1", f"ls {STATE}/runs/ 2>/dev/null; true").stdout.strip() == ""
     proc = deploy(lab, "ddtree-b15")  # back to the module's baseline (no secret)
     assert proc.returncode == 0, output_of(proc)[-3000:]
+
+
+def test_a_wheel_changed_after_its_build_is_refused_and_nothing_is_touched(lab):
+    release = json.loads(lab.ssh("lab1", f"cat {STATE}/ddtree-b15/current.json").stdout)["release"]
+    wheel = next((REPO / "build" / "wheels").glob(f"sglang-*+{release}-*.whl"))
+    good = wheel.read_bytes()
+    pid = main_pid(lab, B15)
+    try:
+        with wheel.open("ab") as f:
+            f.write(b"\0")
+        tampered = hashlib.sha256(wheel.read_bytes()).hexdigest()
+        proc = deploy(lab, "ddtree-b15")
+        out = output_of(proc)
+        assert proc.returncode != 0, out[-3000:]
+        assert (f"wheel {wheel}: sha256 {tampered} is not {hashlib.sha256(good).hexdigest()}, the digest recorded at "
+                "its build" in out), out[-3000:]
+        assert "Traceback" not in out
+    finally:
+        wheel.write_bytes(good)
+    assert main_pid(lab, B15) == pid  # the service was not touched
+    assert lab.ssh("lab1", "test -e /run/sglang-deploy.lock", check=False).returncode != 0
