@@ -6,7 +6,8 @@ For each config whose `/var/lib/sglang-deploy/<config>/current.json` is on the h
 the release it names is installed and patched for the config, the unit is enabled, active and runs as
 the service user its current.json names (`sglang` by default) with `HF_HUB_OFFLINE=1`, the service port
 is bound to the configured address only, the
-environment file (secrets) is 0640 root:<service group>, and the newest deploy record is green. Every check
+environment file (secrets) is 0640 root:<service group>, the unit and env file are the ones the deploy
+installed (no drift: the digests current.json recorded), and the newest deploy record is green. Every check
 looks at all the configs of the host and reports every problem it finds, one line each.
 """
 
@@ -187,6 +188,27 @@ def test_env_file_is_0640_root_sglang(host, deployments):
         if (f.mode, f.user, f.group) != (0o640, "root", d.service_user):
             problems.append(f"{d}: {d.env_file} is {f.mode:04o} {f.user}:{f.group}, expected 0640 "
                             f"root:{d.service_user} (it may hold secrets)")
+    report(problems)
+
+
+def test_unit_and_env_file_are_what_the_deploy_installed(host, deployments):
+    """Drift: a unit or env file edited by hand since the deploy (the digests its commit recorded in
+    current.json), or a unit that is not 0644 root:root. The next deploy puts them right."""
+    problems = []
+    for d in deployments:
+        unit = f"/etc/systemd/system/{d.unit}"
+        for path, key in ((unit, "unit_sha256"), (d.env_file, "env_sha256")):
+            f = host.file(path)
+            if not f.exists:
+                problems.append(f"{d}: {path} is missing")
+                continue
+            want = d.current.get(key)
+            if want and f.sha256sum != want:
+                problems.append(f"{d}: {path} was edited by hand since the deploy (its sha256 is not the one "
+                                f"{d.state_dir}/current.json recorded); the next deploy puts it right")
+        f = host.file(unit)
+        if f.exists and (f.mode, f.user, f.group) != (0o644, "root", "root"):
+            problems.append(f"{d}: {unit} is {f.mode:04o} {f.user}:{f.group}, expected 0644 root:root")
     report(problems)
 
 
