@@ -7,7 +7,8 @@ the release it names is installed and patched for the config, the unit is enable
 the service user its current.json names (`sglang` by default) with `HF_HUB_OFFLINE=1`, the service port
 is bound to the configured address only, the
 environment file (secrets) is 0640 root:<service group>, the unit and env file are the ones the deploy
-installed (no drift: the digests current.json recorded), and the newest deploy record is green. Every check
+installed (no drift: the digests current.json recorded), the model weights match the checksums recorded when
+they were fetched (every file is read), and the newest deploy record is green. Every check
 looks at all the configs of the host and reports every problem it finds, one line each.
 """
 
@@ -209,6 +210,55 @@ def test_unit_and_env_file_are_what_the_deploy_installed(host, deployments):
         f = host.file(unit)
         if f.exists and (f.mode, f.user, f.group) != (0o644, "root", "root"):
             problems.append(f"{d}: {unit} is {f.mode:04o} {f.user}:{f.group}, expected 0644 root:root")
+    report(problems)
+
+
+# Run on the host with python3: every file of a model folder's marker (written when it was first fetched
+# or copied) against its sha256 (or, for small hf files, its git blob id). Prints one line per problem.
+CHECK_MANIFEST = r"""
+import hashlib, json, os, sys
+folder = sys.argv[1]
+try:
+    marker = json.load(open(os.path.join(folder, ".sgdeploy-complete.json")))
+except (OSError, ValueError):
+    print(f"{folder}: no readable .sgdeploy-complete.json (its manifest)"); sys.exit(0)
+for f in marker.get("files", []):
+    path = os.path.join(folder, f["name"])
+    if not os.path.isfile(path):
+        print(f"{path}: missing"); continue
+    if "sha256" in f:
+        h, want = hashlib.sha256(), f["sha256"]
+    elif "blob_id" in f:
+        h, want = hashlib.sha1(b"blob %d\0" % os.path.getsize(path)), f["blob_id"]
+    else:
+        continue
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    if h.hexdigest() != want:
+        print(f"{path}: checksum {h.hexdigest()} is not {want}, the one recorded when it was fetched")
+"""
+
+
+def model_folders(host, unit: str) -> list[str]:
+    """The unit's --model-path and --speculative-draft-model-path."""
+    argv = host.run(f"systemctl show -p ExecStart --value {shlex.quote(unit)}").stdout
+    words = argv.replace(";", " ").split()
+    return [words[i + 1] for i, w in enumerate(words[:-1])
+            if w in ("--model-path", "--speculative-draft-model-path")]
+
+
+def test_model_weights_match_the_checksums_recorded_at_their_fetch(host, deployments):
+    """A weight file corrupted in place (same size) is named: every file of the folder's marker is hashed."""
+    problems = []
+    for d in deployments:
+        for folder in model_folders(host, d.unit):
+            if not host.file(f"{folder}/.sgdeploy-complete.json").exists:
+                continue  # source: path (the operator's own folder; docs/models.md)
+            out = host.run(f"python3 -c {shlex.quote(CHECK_MANIFEST)} {shlex.quote(folder)}")
+            problems += [f"{d}: {line}" for line in out.stdout.splitlines() if line.strip()]
+            if out.rc != 0:
+                problems.append(f"{d}: {folder}: the checksum check failed: {out.stderr.strip()[-300:]}")
     report(problems)
 
 
