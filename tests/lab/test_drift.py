@@ -138,3 +138,22 @@ def test_a_wheel_changed_after_its_build_is_refused_and_nothing_is_touched(lab):
         wheel.write_bytes(good)
     assert main_pid(lab, B15) == pid  # the service was not touched
     assert lab.ssh("lab1", "test -e /run/sglang-deploy.lock", check=False).returncode != 0
+
+
+def test_make_verify_names_a_hand_edited_unit_and_a_weight_corrupted_at_the_same_size(lab):
+    weights = "/var/lib/sglang/models/Qwen--Qwen3.6-27B/main/model.safetensors"
+    lab.ssh("lab1", f"cp -a {weights} /root/weights.bak && cp -a {UNIT} /root/unit.bak && "
+                    f"printf X | dd of={weights} bs=1 seek=100 conv=notrunc status=none && "
+                    f"sed -i 's/^NoNewPrivileges=yes/NoNewPrivileges=no/' {UNIT}")
+    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "tests/infra/test_service.py",
+           "--hosts=ansible://lab1", f"--ansible-inventory={lab.inventory}"]
+    try:
+        proc = subprocess.run(cmd, cwd=REPO, env=lab.ansible_env(), text=True, capture_output=True, timeout=600,
+                              stdin=subprocess.DEVNULL, check=False)
+    finally:
+        lab.ssh("lab1", f"cp -a /root/weights.bak {weights} && cp -a /root/unit.bak {UNIT} && "
+                        "rm /root/weights.bak /root/unit.bak")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out[-3000:]
+    assert f"{UNIT} was edited by hand since the deploy" in out, out[-3000:]
+    assert f"{weights}: checksum " in out and "the one recorded when it was fetched" in out, out[-3000:]
