@@ -7,6 +7,7 @@ Command line (exit 0 ok, 1 a failure or not comparable, 2 misuse)::
     python -m sgdeploy.exactness reference-config CONFIG --out FILE.yml   # the target-alone config (controller)
     python -m sgdeploy.exactness compare REFERENCE.json CANDIDATE.json [--tolerance NATS] [--json]
     python -m sgdeploy.exactness collect --url URL --out FILE.json [--concurrency C] [--timeout S]
+    python -m sgdeploy.exactness self-check --url URL [--tolerance NATS] [--concurrency C] [--timeout S] [--json]
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import json
 import sys
 from pathlib import Path
 
+from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_gate_selfcheck as selfcheck  # noqa: F401
 from ansible_collections.sgdeploy.host.plugins.module_utils.sglang_gate_exactness import (  # noqa: F401
     FAIL,
     HOW_TO_MAKE,
@@ -37,6 +39,7 @@ from ansible_collections.sgdeploy.host.plugins.module_utils.sglang_gate_exactnes
     reference_path,
     write_reference,
 )
+from ansible_collections.sgdeploy.host.plugins.module_utils.sglang_gate_selfcheck import self_check  # noqa: F401
 
 from sgdeploy import bench, records, serving
 
@@ -69,7 +72,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", required=True)
     p.add_argument("--concurrency", type=serving._positive(int), default=4)
     p.add_argument("--timeout", type=serving._positive(float), default=600.0)
+    p = sub.add_parser("self-check", help="check a service's greedy answers against its target's own prefill")
+    p.add_argument("--url", required=True)
+    p.add_argument("--tolerance", type=serving._positive(float), default=None,
+                   help="near-tie tolerance in nats (default: gates.exactness_tie_tolerance's default)")
+    p.add_argument("--concurrency", type=serving._positive(int), default=4)
+    p.add_argument("--timeout", type=serving._positive(float), default=600.0)
+    p.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
+    if args.command == "self-check":
+        return _self_check(parser, args)
     try:
         if args.command == "reference-config":
             name = args.config
@@ -99,6 +111,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{parser.prog}: {err}", file=sys.stderr)
         return 2
     v = compare(reference, candidate, tolerance)
+    print(json.dumps(v.__dict__, indent=2, sort_keys=True) if args.json else f"{v.verdict.upper()}: {v.reason}")
+    return 0 if v.verdict == PASS else 1
+
+
+def _self_check(parser, args) -> int:
+    from sgdeploy import gate_schema
+
+    tolerance = args.tolerance or gate_schema.DEFAULTS["exactness_tie_tolerance"]
+    try:
+        v = self_check(args.url, load_prompts(), tolerance, args.concurrency, args.timeout)
+    except (serving.UsageError, bench.BenchError) as err:
+        print(f"{parser.prog}: {err}", file=sys.stderr)
+        return 2
     print(json.dumps(v.__dict__, indent=2, sort_keys=True) if args.json else f"{v.verdict.upper()}: {v.reason}")
     return 0 if v.verdict == PASS else 1
 

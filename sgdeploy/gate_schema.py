@@ -43,8 +43,12 @@ FIELDS: dict[str, Field] = {
     "exactness_tie_tolerance": Field("float", 0.1, "give a log-probability gap in nats above 0 and at most 5",
                                      lambda v: 0 < v <= 5),
     "exactness_concurrency": Field("int", 4, "give a whole number of 1 or more", lambda v: v >= 1),
-    # With no reference yet the exactness verdict is inconclusive; true makes that roll the deploy back.
+    # Without a recorded reference the exactness gate checks the candidate against the target's own prefill on
+    # the same server; true refuses that check (the verdict is fail until a reference is recorded).
     "exactness_require_reference": Field("bool", False, "give true or false", lambda v: True),
+    # An inconclusive exactness verdict (its requests failed): fail rolls the deploy back, warn records it,
+    # shows it on the gate lines and in the verdict line, and lets the deploy stay.
+    "exactness_inconclusive": Field("str", "fail", "give fail or warn", lambda v: v in ("fail", "warn")),
 }
 
 DEFAULTS: dict[str, Any] = {key: f.default for key, f in FIELDS.items()}

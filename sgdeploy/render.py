@@ -20,7 +20,7 @@ from pathlib import Path
 import jinja2
 
 from sgdeploy import models
-from sgdeploy.spec import Config, Drafter, Model, Replica, controller_folder
+from sgdeploy.spec import Config, ConfigError, Drafter, Model, Replica, controller_folder, is_loopback
 
 TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "templates" / "systemd"
 RELEASE_ROOT = "/opt/sglang/releases"
@@ -28,6 +28,14 @@ DEFAULT_LAUNCHER = "-m sglang.launch_server"
 SERVICE_USER = "sglang"
 STATE_DIR = "/var/lib/sglang"
 ENV_DIR = "/etc/sglang"
+# The engine's launcher with serving.api_key_secret: the key from the environment, never argv.
+API_KEY_LAUNCHER = TEMPLATE_DIR / "sglang_launch.py"
+API_KEY_ENV = "SGDEPLOY_API_KEY_ENV"
+
+
+def api_key_launcher_code() -> str:
+    """`python -c` code of templates/systemd/sglang_launch.py (one line: the unit's ExecStart holds it)."""
+    return f"exec({API_KEY_LAUNCHER.read_text()!r})"
 
 
 @dataclass(frozen=True)
@@ -130,7 +138,20 @@ def launch_args(config: Config, host: HostSettings, replica: Replica | None = No
 
 def exec_argv(config: Config, host: HostSettings, replica: Replica | None = None) -> list[str]:
     python = f"{host.release_root}/{host.release_label}/venv/bin/python"
-    return [python, *shlex.split(host.launcher), *launch_args(config, host, replica)]
+    wrapper = ["-c", api_key_launcher_code()] if config.serving.api_key_secret else []
+    return [python, *wrapper, *shlex.split(host.launcher), *launch_args(config, host, replica)]
+
+
+def check_api_key(config: Config, host: HostSettings, secret_env: dict[str, str] | None) -> None:
+    """An address other hosts reach needs the API key; a deploy (secret_env given) needs its value."""
+    name, address = config.serving.api_key_secret, bind_address(config, host)
+    if name is None and not is_loopback(address):
+        raise ConfigError([f"{config.source}: serving.api_key_secret: missing: required when the service binds "
+                           f"{address} (the inventory's sglang_bind_address; not loopback): name the engines' API key "
+                           "in the inventory's sglang_secret_env"])
+    if name is not None and secret_env is not None and not secret_env.get(name):
+        raise ConfigError([f"{config.source}: serving.api_key_secret: {name!r}: not a key of the inventory's "
+                           f"sglang_secret_env (keys there: {', '.join(sorted(secret_env)) or 'none'})"])
 
 
 def _systemd_quote(arg: str) -> str:
@@ -162,6 +183,7 @@ def render(config: Config, host: HostSettings, secret_env: dict[str, str] | None
     """The unit and env file of one replica of the config (the first by default; with one replica and
     no router that is the config's own unit, sglang-<config>.service)."""
     r = replica or config.replicas[0]
+    check_api_key(config, host, secret_env)
     argv = exec_argv(config, host, r)
     release_dir = f"{host.release_root}/{host.release_label}"
     path_dirs = [f"{host.cuda_home}/bin", f"{release_dir}/venv/bin",
@@ -180,6 +202,7 @@ def render(config: Config, host: HostSettings, secret_env: dict[str, str] | None
         cuda_home=host.cuda_home,
         path=":".join(path_dirs),
         exec_start=" ".join(_systemd_quote(a) for a in argv),
+        api_key_env=config.serving.api_key_secret,
         start_timeout=config.serving.start_timeout_s,
         stop_timeout=config.serving.stop_timeout_s,
     )

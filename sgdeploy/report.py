@@ -6,15 +6,20 @@ Pure logic over variant rows (one per budget × top-k cap, as `sgdeploy.sweep` m
   is more than ``cliff_drop`` (a fraction, 0.25 by default) below the best accept length of the
   smaller budgets of that cap. The reported ``cliff`` is the one at the smallest budget over all
   caps; ``cliffs`` lists one per cap that has one.
-- **fastest**: the variant with the most tokens/s.
-- **recommendation** (``best``): among the variants whose tokens/s is within ``tie_tolerance`` (a
+- **qualifies**: a measured variant that does not leak (``leaks``: no state forking above
+  ``block_size - 1`` on a model with recurrent layers, so its tokens are wrong whatever its
+  acceptance) and that the deploy's gates would let through (``gates_failed`` empty: smoke,
+  throughput and acceptance passed, exactness did not fail). Only qualifying variants are
+  recommended or called fastest; the others are marked in the table and the plot.
+- **fastest**: the qualifying variant with the most tokens/s.
+- **recommendation** (``best``): among the qualifying variants whose tokens/s is within ``tie_tolerance`` (a
   fraction, 0.03 by default) of the fastest and that sit below their cap's cliff, the largest budget
   (then the largest cap). Best-first trees are nested, so a larger budget verifies a superset of the
   smaller tree and accepts at least as much on every step; when its cost does not show in tokens/s at
   the load benchmarked, the larger tree is the headroom for prompts the drafter finds harder. With
   no tie the recommendation is the fastest. A warning when it sits right before its cap's cliff (the
   next budget tested with that cap is the cliff): a longer prompt mix or a model update may tip it
-  over.
+  over. When no variant qualifies, nothing is recommended and the text says why.
 
 Files (``write``): ``results.json`` (schema 1, see docs/sweep.md), ``results.md`` (a table, the
 cliff and the recommendation) and ``sweep.png`` (accept length and tokens/s against budget, one
@@ -34,6 +39,9 @@ DEFAULT_CLIFF_DROP = 0.25
 DEFAULT_TIE_TOLERANCE = 0.03
 VARIANT_KEYS = ("budget", "topk_cap", "accept_length_mean", "accept_length_sd", "tokens_per_s", "step_time_ms",
                 "requests", "failures", "status", "error")
+GATE_NAMES = ("smoke", "exactness", "throughput", "acceptance")  # the deploy's gates, in the order they run
+FILE_MODE = 0o644  # every report file, whatever the umask (they hold no secret)
+NO_RECOMMENDATION = "no variant recommended"
 
 
 class ReportError(ValueError):
@@ -142,21 +150,70 @@ def _num(x: float | None, digits: int = 1) -> str:
     return "-" if x is None else f"{x:.{digits}f}"
 
 
+def leaks(row: dict) -> bool:
+    """The variant ran without state forking above block_size - 1 on a model with recurrent layers
+    (``sgdeploy.sweep.leaks``, spec's rule): its tokens are wrong however well it accepts."""
+    return bool(row.get("leaks"))
+
+
+def gate_verdicts(row: dict) -> dict[str, str | None]:
+    """{gate: pass | fail | inconclusive | None (not run)} for the four gates of the deploy."""
+    gates = row.get("gates") if isinstance(row.get("gates"), dict) else {}
+    out = {}
+    for name in GATE_NAMES:
+        g = gates.get(name)
+        out[name] = g.get("verdict") if isinstance(g, dict) else None
+    if out["exactness"] is None:
+        out["exactness"] = exactness_verdict(row)
+    return out
+
+
+def failed_gates(row: dict) -> list[str]:
+    """The gates that would stop a deploy of this variant (``gates_failed`` as the sweep recorded it with
+    the gate code's rule); a row without it counts a failed exactness verdict only."""
+    recorded = row.get("gates_failed")
+    if isinstance(recorded, list):
+        return [g for g in GATE_NAMES if g in recorded]
+    return ["exactness"] if exactness_verdict(row) == "fail" else []
+
+
+def disqualified(row: dict) -> list[str]:
+    """Why a measured variant is never recommended nor fastest (empty: it qualifies)."""
+    why = []
+    if leaks(row):
+        why.append("leaks: no state forking above block_size - 1")
+    verdicts = gate_verdicts(row)
+    failed = failed_gates(row)
+    if failed:
+        why.append(", ".join(f"{g} {verdicts[g] or 'not passed'}" for g in failed))
+    return why
+
+
+def qualifies(row: dict) -> bool:
+    return _measured(row) and row.get("tokens_per_s") is not None and not disqualified(row)
+
+
 def recommend(rows: list[dict], cliffs: list[dict], cliff_drop: float = DEFAULT_CLIFF_DROP,
               tie_tolerance: float = DEFAULT_TIE_TOLERANCE) -> tuple[dict | None, str, str | None]:
     """(recommended row, recommendation text, warning text or None).
 
-    A variant whose exactness gate failed (it does not give the target's own greedy tokens) is never
-    recommended, however fast; the text says which were left out."""
-    inexact = [r for r in rows if exactness_verdict(r) == "fail"]
-    rows = [r for r in rows if exactness_verdict(r) != "fail"]
-    left_out = (f"; not recommended, exactness failed: {', '.join(_name(r) for r in inexact)}" if inexact else "")
-    fastest = best_variant(rows)
+    Only qualifying variants (``qualifies``) are recommended, however fast the others are: a leaking
+    variant gives wrong tokens, and one that fails a gate the deploy would refuse. The text names the
+    variants left out and why; with none left it starts with "no variant recommended"."""
+    out = [r for r in rows if _measured(r) and disqualified(r)]
+    left_out = ("; not recommended: " + ", ".join(f"{_name(r)} ({'; '.join(disqualified(r))})" for r in out)
+                if out else "")
+    candidates = [r for r in rows if qualifies(r)]
+    fastest = best_variant(candidates)
     if fastest is None:
         failed = sum(1 for r in rows if r.get("status") != "ok")
-        why = f" ({failed} of {len(rows)} failed)" if rows else ""
-        return None, f"no variant was measured{why}: nothing to recommend{left_out}", None
-    tied = tied_with_fastest(rows, cliffs, tie_tolerance, fastest)
+        if not any(_measured(r) for r in rows):
+            why = f"no variant was measured ({failed} of {len(rows)} failed)" if rows else "no variant was measured"
+        else:
+            why = "no measured variant qualifies" + (f" ({failed} of {len(rows)} failed to deploy or be measured)"
+                                                     if failed else "")
+        return None, f"{NO_RECOMMENDATION}: {why}{left_out}", None
+    tied = tied_with_fastest(candidates, cliffs, tie_tolerance, fastest)
     best = tied[-1]
     what = (f"{_name(best)}: {_num(best['tokens_per_s'])} tokens/s, "
             f"accept length {_num(best['accept_length_mean'], 2)}")
@@ -200,10 +257,12 @@ def build_results(*, config: str, host: str, started: str, finished: str, varian
         missing = [k for k in VARIANT_KEYS if k not in row]
         if missing:
             raise ReportError(f"variant {row.get('budget')!r}/{row.get('topk_cap')!r}: missing {', '.join(missing)}")
+    for row in variants:
+        row["not_recommended"] = disqualified(row)
     cliffs = find_cliffs(variants, cliff_drop)
     cliff = first_cliff(cliffs)
     best, text, warning = recommend(variants, cliffs, cliff_drop, tie_tolerance)
-    fastest = best_variant([r for r in variants if exactness_verdict(r) != "fail"])
+    fastest = best_variant([r for r in variants if qualifies(r)])
     results = {
         "schema": SCHEMA, "config": config, "host": host, "started": started, "finished": finished,
         "variants": variants,
@@ -221,34 +280,51 @@ def build_results(*, config: str, host: str, started: str, finished: str, varian
 # Files
 
 
+SIMULATED_NOTE = ("the host runs the lab's simulated engine (tests/sim): these numbers prove the plumbing, not "
+                  "how SGLang behaves")
+
+
+def _same(a: dict | None, b: dict | None) -> bool:
+    return bool(a and b) and (a["budget"], a["topk_cap"]) == (b["budget"], b["topk_cap"])
+
+
 def markdown(results: dict) -> str:
-    """``results.md``: what was swept, a table, the cliff, the recommendation and the warning."""
+    """``results.md``: what was swept, a table (leaks and the four gate verdicts per variant), the cliff,
+    the recommendation and the warning."""
     lines = [f"# Sweep of {results['config']} on {results['host']}", "",
              f"Started {results['started']}, finished {results['finished']}. "
              f"Cliff rule: accept length more than {results.get('cliff_drop', DEFAULT_CLIFF_DROP) * 100:g}% below "
-             "the best of the smaller budgets (per top-k cap).", "",
-             "| budget | top-k cap | accept length | sd | tokens/s | step ms | requests | failures | exactness "
-             "| status |",
-             "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |"]
-    cliff, best = results.get("cliff"), results.get("best")
+             "the best of the smaller budgets (per top-k cap).", ""]
+    if results.get("simulated"):
+        lines += [f"**Simulated**: {SIMULATED_NOTE}.", ""]
+    lines += ["| budget | top-k cap | accept length | sd | tokens/s | step ms | requests | failures | leaks | smoke "
+              "| exactness | throughput | acceptance | status |",
+              "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | --- | --- | --- | --- |"]
+    cliff, best, fastest = results.get("cliff"), results.get("best"), results.get("fastest")
     for r in results["variants"]:
         marks = []
-        if cliff and (r["budget"], r["topk_cap"]) == (cliff["budget"], cliff["topk_cap"]):
+        if _same(r, cliff):
             marks.append("cliff")
-        if best and (r["budget"], r["topk_cap"]) == (best["budget"], best["topk_cap"]):
+        if _same(r, best):
             marks.append("best")
-        fastest = results.get("fastest")
-        if fastest and best and (r["budget"], r["topk_cap"]) == (fastest["budget"], fastest["topk_cap"]) \
-                and (best["budget"], best["topk_cap"]) != (fastest["budget"], fastest["topk_cap"]):
+        if _same(r, fastest) and not _same(best, fastest):
             marks.append("fastest")
+        why = disqualified(r)
+        if why:
+            marks.append(f"not recommended: {'; '.join(why)}")
         status = r["status"] if r["status"] == "ok" else f"failed: {r.get('error') or '?'}"
         if marks:
             status += f" ({', '.join(marks)})"
+        verdicts = gate_verdicts(r)
         lines.append(f"| {r['budget']} | {r['topk_cap']} | {_num(r['accept_length_mean'], 2)} | "
                      f"{_num(r['accept_length_sd'], 2)} | {_num(r['tokens_per_s'])} | {_num(r['step_time_ms'])} | "
-                     f"{r['requests']} | {r['failures']} | {exactness_verdict(r) or '-'} | "
-                     f"{status.replace('|', '/')} |")
-    lines.append("")
+                     f"{r['requests']} | {r['failures']} | {'yes' if leaks(r) else 'no'} | "
+                     + " | ".join(verdicts[g] or "-" for g in GATE_NAMES)
+                     + f" | {status.replace('|', '/')} |")
+    lines += ["", "Leaks **yes**: no state forking above block_size - 1 on a model with recurrent layers "
+              "(reproduce_state_leak): the tokens are wrong whatever the acceptance. Gates: the deploy's own "
+              "(docs/gates.md), run on every variant; a variant that leaks or that the deploy's gates would stop "
+              "is never the best nor the fastest.", ""]
     if cliff:
         lines.append(f"**Cliff**: budget {cliff['budget']} (cap {cliff['topk_cap']}), "
                      f"accept length down {cliff['drop_pct']:.1f}% from the best so far.")
@@ -262,12 +338,39 @@ def markdown(results: dict) -> str:
     return "\n".join(lines)
 
 
-def plot(results: dict, path: Path) -> None:
-    """``sweep.png``: two panels over budget (accept length, tokens/s), one line per cap."""
+def _boxes_overlap(a, b, pad: float) -> bool:
+    return not (a.x1 + pad <= b.x0 or b.x1 + pad <= a.x0 or a.y1 + pad <= b.y0 or b.y1 + pad <= a.y0)
+
+
+def thin_tick_labels(fig, ax, keep: list[float] = (), pad: float = 4.0) -> list[str]:
+    """Hide the x tick labels that would overlap a label already shown (the tick stays): the first and
+    last ticks, then ``keep`` (the best, the cliff), then the rest in order. Returns the labels shown."""
+    renderer = fig.canvas.get_renderer()
+    ticks = list(ax.get_xticks())
+    labels = ax.get_xticklabels()
+    order = sorted(range(len(labels)), key=lambda i: (0 if i in (0, len(labels) - 1) else
+                                                      1 if ticks[i] in keep else 2, i))
+    shown: list = []
+    for i in order:
+        label = labels[i]
+        if not label.get_visible() or not label.get_text():
+            continue
+        box = label.get_window_extent(renderer)
+        if any(_boxes_overlap(box, other, pad) for other in shown):
+            label.set_visible(False)
+        else:
+            shown.append(box)
+    return [t.get_text() for t in labels if t.get_visible() and t.get_text()]
+
+
+def figure(results: dict):
+    """The figure of ``sweep.png`` (matplotlib, Agg): two panels over budget, one line per cap; leaking
+    variants crossed in red, variants that fail a gate boxed in orange; tick labels never overlap."""
     import matplotlib
 
     matplotlib.use("Agg")
     from matplotlib import pyplot as plt
+    from matplotlib.ticker import NullFormatter, NullLocator
 
     rows = [r for r in results["variants"] if _measured(r)]
     fig, (ax_acc, ax_tps) = plt.subplots(2, 1, sharex=True, figsize=(7.5, 6.5), dpi=100)
@@ -278,13 +381,25 @@ def plot(results: dict, path: Path) -> None:
         budgets = [r["budget"] for r in pts]
         ax_acc.plot(budgets, [r["accept_length_mean"] for r in pts], marker="o", label=f"cap {cap}")
         ax_tps.plot(budgets, [r["tokens_per_s"] for r in pts], marker="o", label=f"cap {cap}")
+    leaking = [r for r in rows if leaks(r)]
+    gated = [r for r in rows if failed_gates(r)]
+    for ax, key in ((ax_acc, "accept_length_mean"), (ax_tps, "tokens_per_s")):
+        if leaking:
+            ax.scatter([r["budget"] for r in leaking], [r[key] for r in leaking], marker="x", s=90, linewidths=2,
+                       color="tab:red", zorder=6,
+                       label="leaks (no state forking): never recommended" if ax is ax_acc else None)
+        pts = [r for r in gated if r.get(key) is not None]
+        if pts:
+            ax.scatter([r["budget"] for r in pts], [r[key] for r in pts], marker="s", s=130, facecolors="none",
+                       edgecolors="tab:orange", linewidths=1.8, zorder=6,
+                       label="a gate not passed: never recommended" if ax is ax_acc else None)
     cliff, best = results.get("cliff"), results.get("best")
     if cliff:
         for ax in (ax_acc, ax_tps):
             ax.axvline(cliff["budget"], color="tab:red", linestyle="--", linewidth=1,
                        label=f"cliff (budget {cliff['budget']}, -{cliff['drop_pct']:.0f}%)" if ax is ax_acc else None)
     fastest, tol = results.get("fastest"), results.get("tie_tolerance") or 0
-    if best and fastest and tol and (best["budget"], best["topk_cap"]) != (fastest["budget"], fastest["topk_cap"]):
+    if best and fastest and tol and not _same(best, fastest):
         ax_tps.axhspan(fastest["tokens_per_s"] * (1 - tol), fastest["tokens_per_s"], color="tab:green", alpha=0.12,
                        label=f"tie: within {tol * 100:g}% of the fastest")
     if best:
@@ -299,18 +414,35 @@ def plot(results: dict, path: Path) -> None:
     if budgets:
         ax_tps.set_xticks(budgets)
         ax_tps.set_xticklabels([str(b) for b in budgets])
+        ax_tps.xaxis.set_minor_locator(NullLocator())
+        ax_tps.xaxis.set_minor_formatter(NullFormatter())
     ax_acc.set_ylabel("accept length (tokens/step)")
     ax_tps.set_ylabel("tokens/s")
     ax_tps.set_xlabel("DDTree budget (tree nodes)")
-    ax_acc.set_title(f"{results['config']} on {results['host']}")
+    title = f"{results['config']} on {results['host']}"
+    if results.get("simulated"):
+        title += "\n(simulated engine: plumbing, not SGLang's behaviour)"
+    ax_acc.set_title(title)
     for ax in (ax_acc, ax_tps):
         ax.grid(True, alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(loc="best", fontsize=8)
     fig.tight_layout()
+    fig.canvas.draw()
+    marked = [float(x["budget"]) for x in (best, cliff) if x]
+    thin_tick_labels(fig, ax_tps, marked)
+    return fig
+
+
+def plot(results: dict, path: Path) -> None:
+    """``sweep.png``: the figure of ``figure``, written atomically with the report files' mode."""
+    from matplotlib import pyplot as plt
+
+    fig = figure(results)
     tmp = path.with_name(path.name + ".tmp")
     fig.savefig(tmp, format="png")
     plt.close(fig)
+    os.chmod(tmp, FILE_MODE)
     os.replace(tmp, path)
 
 
@@ -318,11 +450,12 @@ def _write_text(path: Path, text: str) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     with os.fdopen(fd, "w") as f:
         f.write(text)
+    os.chmod(tmp, FILE_MODE)  # mkstemp makes 0600; sweep.png is written the same way (FILE_MODE)
     os.replace(tmp, path)
 
 
 def write(results: dict, out_dir: Path) -> dict[str, Path]:
-    """Write results.json, results.md and sweep.png into ``out_dir`` (each atomically)."""
+    """Write results.json, results.md and sweep.png into ``out_dir`` (each atomically, each FILE_MODE)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {"json": out_dir / "results.json", "md": out_dir / "results.md", "png": out_dir / "sweep.png"}
     _write_text(paths["json"], json.dumps(results, indent=2) + "\n")

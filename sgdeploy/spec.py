@@ -102,6 +102,7 @@ class Serving:
     forking_memory_gib: float | None = None
     replicas: int = 1
     router: bool = False
+    api_key_secret: str | None = None
 
 
 @dataclass(frozen=True)
@@ -255,6 +256,7 @@ SCHEMA: dict[str, Any] = {
         "forking_memory_gib": ("float", None),
         "replicas": ("int", 1),
         "router": ("bool", None),
+        "api_key_secret": ("str", None),
     },
     # The gates section is defined once, in sgdeploy.gate_schema (the gate reads the same definition).
     "gates": {key: (f.kind, f.default) for key, f in gate_schema.FIELDS.items()},
@@ -266,13 +268,64 @@ SPEC_FIELDS_BY_ALGORITHM = {
     "DDTREE": {"block_size", "budget", "topk_cap", "state_forking", "fused_topk", "reproduce_state_leak"},
 }
 
-# Flags that the project sets itself; giving them in extra_args would contradict the config.
-MANAGED_FLAGS = (
-    "--model-path", "--host", "--port", "--tp-size", "--nccl-port", "--attention-backend",
-    "--mem-fraction-static", "--speculative-algorithm", "--speculative-draft-model-path",
-    "--speculative-dflash-block-size", "--speculative-ddtree-budget", "--speculative-ddtree-topk-cap",
-    "--speculative-ddtree-state-forking", "--speculative-ddtree-topk",
-    "--max-running-requests", "--revision",
+# What extra_args may not set, by SGLang's field (dest), whatever the spelling (alias, unique prefix,
+# --flag=value; sgdeploy.sglang_flags resolves them with SGLang 0.5.23's own parser table):
+# the fields the config sets, the secrets (never in argv: serving.api_key_secret), and --config (a
+# file of options that could set any of them).
+MANAGED_DESTS = {
+    "model_path": "set from model.*", "tp_size": "set from serving.tp_size", "host": "set from serving.host",
+    "port": "set from serving.port", "nccl_port": "set from serving.nccl_port",
+    "attention_backend": "set from serving.attention_backend",
+    "mem_fraction_static": "set from serving.mem_fraction_static",
+    "max_running_requests": "set from serving.max_running_requests",
+    "revision": "the weights are a local folder placed before the switch (model.revision)",
+    "speculative_algorithm": "set from speculative.algorithm",
+    "speculative_draft_model_path": "set from drafter.*",
+    "speculative_dflash_block_size": "set from speculative.block_size",
+    "speculative_ddtree_budget": "set from speculative.budget",
+    "speculative_ddtree_topk_cap": "set from speculative.topk_cap",
+    "speculative_ddtree_state_forking": "set from speculative.state_forking",
+    "speculative_ddtree_topk": "set from speculative.fused_topk",
+    "api_key": "a secret never goes on the command line (the unit file, ps and the journal show it): name its "
+               "key in the inventory's sglang_secret_env with serving.api_key_secret",
+    "admin_api_key": "a secret never goes on the command line (the unit file, ps and the journal show it)",
+    "ssl_keyfile_password": "a secret never goes on the command line (the unit file, ps and the journal show it)",
+    "config": "a file of options could set any of the managed ones; give the flags themselves",
+}
+# Environment names serving.env may not set: the unit sets them (the env file would override its
+# Environment= lines), they change what code or libraries the service loads, or which GPUs and
+# which Hugging Face cache it uses, or they are secrets (the inventory's sglang_secret_env holds those).
+MANAGED_ENV = {
+    "CUDA_VISIBLE_DEVICES": "set from serving.gpus", "NVIDIA_VISIBLE_DEVICES": "set from serving.gpus",
+    "CUDA_DEVICE_ORDER": "serving.gpus are indices in the driver's order",
+    "CUDA_HOME": "set by the unit", "PATH": "set by the unit", "HOME": "set by the unit",
+    "USER": "set by systemd", "SHELL": "set by systemd",
+    "HF_HOME": "set by the unit (the service's Hugging Face cache)", "HF_HUB_CACHE": "set by the unit (HF_HOME)",
+    "TRANSFORMERS_CACHE": "set by the unit (HF_HOME)", "HF_HUB_OFFLINE": "set by the unit: the service never "
+    "reaches the Hub (the models role places the weights)", "TRANSFORMERS_OFFLINE": "the service never reaches the "
+    "Hub", "HF_DATASETS_OFFLINE": "the service never reaches the Hub", "HF_ENDPOINT": "the service never reaches "
+    "the Hub", "HF_TOKEN": "a secret: the inventory's sglang_secret_env", "HUGGING_FACE_HUB_TOKEN": "a secret: the "
+    "inventory's sglang_secret_env", "PYTHONUNBUFFERED": "set by the unit",
+}
+# Prefixes of the same kind: the dynamic loader (LD_PRELOAD, LD_LIBRARY_PATH, LD_AUDIT, ...), the
+# interpreter (PYTHONPATH, PYTHONHOME, PYTHONSTARTUP, ...) and sgdeploy's own.
+MANAGED_ENV_PREFIXES = {
+    "LD_": "the dynamic loader's settings change what code the service runs",
+    "PYTHON": "the interpreter's settings change what code the service runs",
+    "SGDEPLOY_": "sgdeploy's own",
+}
+# A config's longest unit name is sglang-<name>-r<i>.service (i up to MAX_REPLICAS - 1); a file name
+# holds 255 bytes, and tools write temporary files beside the unit whose names add about 20 (Ansible's
+# .ansible_tmp prefix and random part). Names longer than this would validate and fail at the deploy.
+MAX_NAME = 200
+# Names another unit of the project takes: the router's (sglang-router-<port>.service, a config named
+# router-<port> would write over it) and a replica's (sglang-<config>-r<i>.service, env file and state
+# folder <config>-r<i>).
+RESERVED_NAME_RES = (
+    (re.compile(r"^router(-|$)"), "names starting with 'router-' are the routers' "
+                                  "(sglang-router-<port>.service): pick another name"),
+    (re.compile(r"-r[0-9]+$"), "names ending in -r<number> are the replicas' (sglang-<config>-r<i>.service, "
+                               "/etc/sglang/<config>-r<i>.env): pick another name"),
 )
 
 
@@ -567,6 +620,13 @@ def validate(merged: dict[str, Any], source: Path, name: str) -> Config:
     chk = _Checker(source)
     if not NAME_RE.fullmatch(name):
         chk.bad("name", name, "config file names are lower-case letters, digits, '.', '_' and '-'")
+    elif len(name) > MAX_NAME:
+        chk.bad("name", name, f"at most {MAX_NAME} characters ({len(name)} given): the unit "
+                              f"sglang-<name>-r<i>.service and the files beside it must fit a file name")
+    else:
+        for reserved, why in RESERVED_NAME_RES:
+            if reserved.search(name):
+                chk.bad("name", name, why)
     v = chk.section("", merged, SCHEMA)
     spec, serving, gates = v["speculative"], v["serving"], v["gates"]
     algo = spec["algorithm"]
@@ -671,10 +731,9 @@ def validate(merged: dict[str, Any], source: Path, name: str) -> Config:
         t = serving[key]
         if isinstance(t, int) and not 1 <= t <= 86400:
             chk.bad(f"serving.{key}", t, "must be between 1 and 86400 seconds (a timeout of 0 never gives up)")
-    for arg in serving["extra_args"] or []:
-        flag = arg.split("=", 1)[0]
-        if flag in MANAGED_FLAGS:
-            chk.bad("serving.extra_args", arg, f"{flag} is set from the config's own fields; set those instead")
+    _check_extra_args(chk, serving["extra_args"] or [])
+    _check_env(chk, serving["env"] or {})
+    _check_api_key_secret(chk, serving)
 
     _check_forking_memory(chk, v["model"], spec, serving)
     _check_strings(chk, v)
@@ -705,13 +764,77 @@ def validate(merged: dict[str, Any], source: Path, name: str) -> Config:
         max_running_requests=mrr, extra_args=tuple(serving["extra_args"]), env=dict(serving["env"]),
         start_timeout_s=serving["start_timeout_s"], stop_timeout_s=serving["stop_timeout_s"],
         drain_timeout_s=serving["drain_timeout_s"], forking_memory_gib=serving["forking_memory_gib"],
-        replicas=replicas, router=router,
+        replicas=replicas, router=router, api_key_secret=serving["api_key_secret"],
     )
     return Config(name=name, source=source, description=v["description"], model=model, drafter=drafter,
                   speculative=speculative, serving=serving_obj, gates=Gates(dict(gates)), merged=merged)
 
 
 MAX_REPLICAS = 64
+
+
+def _check_extra_args(chk: _Checker, extra_args: list[str]) -> None:
+    """No argument may set a managed field, in any spelling SGLang's parser takes (sgdeploy.sglang_flags)."""
+    from sgdeploy import sglang_flags
+
+    for i, arg in enumerate(extra_args):
+        if not isinstance(arg, str) or not arg.startswith("-") or arg == "-" or _is_number(arg):
+            continue
+        written, dests = sglang_flags.resolve(arg)
+        managed = sorted(d for d in dests if d in MANAGED_DESTS)
+        if not managed:
+            continue
+        flags = sglang_flags.table()
+        dest = managed[0]
+        canonical = f"--{dest.replace('_', '-')}"
+        canonical = canonical if canonical in flags else next(o for o in flags if flags[o] == dest)
+        spelled = written if written == canonical else f"{written} (SGLang reads it as {canonical})"
+        if dest in ("api_key", "admin_api_key", "ssl_keyfile_password", "config"):
+            chk.bad(f"serving.extra_args[{i}]", arg, f"{spelled}: {MANAGED_DESTS[dest]}")
+        else:
+            chk.bad(f"serving.extra_args[{i}]", arg, f"{spelled} is set from the config's own fields "
+                                                     f"({MANAGED_DESTS[dest]}); set those instead")
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def is_loopback(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return False
+
+
+def _check_api_key_secret(chk: _Checker, serving: dict[str, Any]) -> None:
+    """serving.api_key_secret names the engines' API key in the inventory's sglang_secret_env (Vault);
+    required when the service binds an address other hosts reach."""
+    name = serving["api_key_secret"]
+    if name is None:
+        host = serving["host"]
+        if isinstance(host, str) and not is_loopback(host):
+            chk.bad("serving.api_key_secret", ABSENT, f"required with serving.host {host} (not loopback): name the "
+                    "engines' API key in the inventory's sglang_secret_env; engines and router then refuse requests "
+                    "without it")
+        return
+    if not ENV_NAME_RE.fullmatch(name):
+        chk.bad("serving.api_key_secret", name, "the name of a key of the inventory's sglang_secret_env: letters, "
+                                                "digits and _")
+    elif name in MANAGED_ENV or any(name.startswith(p) for p in MANAGED_ENV_PREFIXES):
+        chk.bad("serving.api_key_secret", name, "a name of sglang_secret_env that the unit does not manage (not "
+                                                f"{', '.join(MANAGED_ENV_PREFIXES)}*, nor a variable the unit sets)")
+
+
+def _check_env(chk: _Checker, env: dict[str, str]) -> None:
+    for key in env:
+        why = MANAGED_ENV.get(key) or next((w for p, w in MANAGED_ENV_PREFIXES.items() if key.startswith(p)), None)
+        if why:
+            chk.bad(f"serving.env.{key}", env[key], f"{key} may not be set in serving.env: {why}")
 
 
 def _check_replicas(chk: _Checker, serving: dict[str, Any]) -> tuple[int, bool]:
@@ -825,6 +948,8 @@ def to_yaml(config: Config) -> str:
         "stop_timeout_s": sv.stop_timeout_s, "drain_timeout_s": sv.drain_timeout_s,
         "forking_memory_gib": sv.forking_memory_gib,
     }
+    if sv.api_key_secret is not None:
+        out["serving"]["api_key_secret"] = sv.api_key_secret
     if sv.router:
         out["serving"].pop("nccl_port")
         out["serving"].update(replicas=sv.replicas, router=True)

@@ -20,8 +20,11 @@ results.md and sweep.png (see docs/sweep.md).
 from __future__ import annotations
 
 import argparse
+import copy
 import json
+import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -33,7 +36,7 @@ from typing import Any
 
 import yaml
 
-from sgdeploy import bench, records, report, serving, spec, tunnel
+from sgdeploy import bench, gate, records, report, serving, spec, tunnel
 
 REPO_ROOT = spec.REPO_ROOT
 BUILD_DIR = REPO_ROOT / "build" / "sweeps"
@@ -84,12 +87,28 @@ def variant_name(base: str, budget: int, cap: int) -> str:
     return f"{base}-b{budget}-k{cap}"
 
 
+def _spec_problems(merged: dict, source: Path, name: str, **speculative: Any) -> set[str]:
+    data = copy.deepcopy(merged)
+    data.setdefault("speculative", {}).update(speculative)
+    try:
+        spec.validate(data, source, name)
+    except spec.ConfigError as err:
+        return set(err.problems)
+    return set()
+
+
 def needs_state_leak(base: spec.Config, budget: int) -> bool:
-    """Without state forking on a recurrent model, a budget above block_size - 1 collapses the
-    acceptance; spec refuses it unless the config opts in. The sweep measures the collapse on purpose."""
-    s = base.speculative
-    return (base.model.recurrent_layers and not s.state_forking and s.block_size is not None
-            and budget > s.block_size - 1)
+    """True when the variant at ``budget`` leaks: spec's own rule (``spec.validate``) refuses it without
+    ``reproduce_state_leak`` and accepts that problem away with it, which is the case without state forking
+    on a model with recurrent layers above block_size - 1. The rule is asked of spec, not restated here:
+    the sweep measures the collapse on purpose, and such a variant is never recommended."""
+    merged = spec.load_merged(base.source, base.source.parent)
+    cap = min(base.speculative.topk_cap or 1, max(budget, 1))
+    without = _spec_problems(merged, base.source, base.name, budget=budget, topk_cap=cap,
+                             reproduce_state_leak=False)
+    opted_in = _spec_problems(merged, base.source, base.name, budget=budget, topk_cap=cap,
+                              reproduce_state_leak=True)
+    return bool(without - opted_in)
 
 
 def load_base(name_or_path: str) -> spec.Config:
@@ -293,6 +312,28 @@ class Sweep:
         return tunnel.Target.from_hostvars(self.host, self.hostvars)
 
     @property
+    def simulated(self) -> bool:
+        """The lab's hosts (inventory ``sglang_lab: true``) run the simulated engine (tests/sim)."""
+        return bool(self.hostvars.get("sglang_lab"))
+
+    @property
+    def state_dir(self) -> str:
+        return str(self.hostvars.get("sglang_deploy_state_dir") or "/var/lib/sglang-deploy")
+
+    def adhoc(self, module: str, args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+        """One ad-hoc ``ansible`` call on the host: the inventory's SSH settings, user and privilege
+        escalation (``ansible_become``) apply as in the deploy, and so do the sweep's ``-e`` vars."""
+        cmd = [_bin("ansible"), "-i", str(self.inventory), self.host, "-o", "-m", module, "-a", args]
+        for extra in self.extra_vars:
+            cmd += ["-e", extra]
+        try:
+            return subprocess.run(cmd, capture_output=True, text=True, cwd=REPO_ROOT, stdin=subprocess.DEVNULL,
+                                  check=False, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return subprocess.CompletedProcess(cmd, 124, "", f"ansible {module} on {self.host}: no answer in "
+                                                             f"{timeout:.0f} s")
+
+    @property
     def bind(self) -> str:
         address = str(self.hostvars.get("sglang_bind_address") or self.base.serving.host)
         return "127.0.0.1" if address == "0.0.0.0" else address
@@ -301,11 +342,7 @@ class Sweep:
     def running_before(self) -> list[str]:
         """Configs active on the host now that a variant would replace (same GPU, or same address and port)."""
         # The status module of the deploy (read-only), as an ad-hoc call: nothing of sgdeploy is on the host.
-        state_dir = str(self.hostvars.get("sglang_deploy_state_dir") or "/var/lib/sglang-deploy")
-        cmd = [_bin("ansible"), "-i", str(self.inventory), self.host, "-o", "-m", "sgdeploy.host.sglang_deploy_status",
-               "-a", json.dumps({"state_dir": state_dir})]
-        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO_ROOT, stdin=subprocess.DEVNULL,
-                              check=False)
+        proc = self.adhoc("sgdeploy.host.sglang_deploy_status", json.dumps({"state_dir": self.state_dir}))
         _, arrow, rest = proc.stdout.partition("=> ")
         try:
             deployed = json.loads(rest)["deployed"] if arrow and proc.returncode == 0 else None
@@ -337,6 +374,7 @@ class Sweep:
         protect.raising = False
         try:
             with open(log, "w") as f:
+                os.chmod(log, report.FILE_MODE)  # the report's files share one mode
                 f.write("$ " + " ".join(cmd) + "\n")
                 f.flush()
                 # Its own session: Ctrl-C in the terminal reaches the sweep, not the deploy halfway through.
@@ -351,24 +389,67 @@ class Sweep:
         return DeployResult(ok, round(seconds, 1), "" if ok else failure_message(output), log)
 
     # ---- measure
-    def measure(self, variant: Variant) -> dict:
-        prompts = bench.load_prompts()
+    def thresholds(self) -> gate.GateThresholds:
+        """The config's gates mapping, with the sweep's bench size (``--requests``, ``--max-tokens``)."""
+        return gate.GateThresholds.from_mapping({**self.base.gates.as_mapping(), "bench_requests": self.requests,
+                                                 "bench_max_tokens": self.max_tokens})
+
+    def measure(self, variant: Variant) -> gate.GateReport:
+        """The deploy's gates (``gate.run_all``: smoke, then one bench shared by throughput and acceptance)
+        against the variant through an SSH tunnel; the bench is the sweep's measurement. Exactness needs the
+        host's references: its verdict is the one the variant's deploy recorded (``exactness_of``)."""
+        folder = REPO_ROOT / "reports" / "deploys" / self.host
+        baseline = records.last_good(folder, variant.name, self.host) if folder.is_dir() else None
         with tunnel.forward(self.target, remote_port=self.base.serving.port, remote_host=self.bind) as url:
-            result = bench.run(url, prompts, self.requests, self.concurrency, self.max_tokens, self.bench_timeout)
+            result = gate.run_all(url, self.thresholds(), True, baseline, prompts=bench.load_prompts(),
+                                  bench_timeout=self.bench_timeout)
             drained = serving.wait_drained(url, timeout=self.base.serving.drain_timeout_s)
         if not drained.ok:
             self.say(f"    note: {variant.name} not drained after the bench ({drained.state}: {drained.detail}); "
                      "the next deploy drains it")
-        return result.to_dict()
+        return result
 
-    def exactness_of(self, variant: Variant) -> dict | None:
-        """The variant's exactness verdict (recorded, never blocking, in smoke mode) from its deploy record,
-        as the deploy fetched it to reports/deploys/<host>/; None when there is none."""
+    def record_paths(self) -> set[str]:
+        """The deploy records fetched to reports/deploys/<host>/ so far (to tell a deploy's own record)."""
         folder = REPO_ROOT / "reports" / "deploys" / self.host
-        found = [r for r in records.read_records(folder, []) if r.get("config") == variant.name] \
-            if folder.is_dir() else []
+        return {str(path) for path, _ in records.iter_records(folder)} if folder.is_dir() else set()
+
+    def exactness_of(self, variant: Variant, seen: set[str] | None = None) -> dict | None:
+        """The exactness verdict of the variant's deploy (the gate module on the host, against the host's
+        references; in smoke mode it runs without blocking) from the record it fetched to
+        reports/deploys/<host>/, leaving out the records in ``seen`` (those before this deploy); None
+        when there is none."""
+        folder = REPO_ROOT / "reports" / "deploys" / self.host
+        found = [r for path, r in records.iter_records(folder)
+                 if r.get("config") == variant.name and str(path) not in (seen or set())] if folder.is_dir() else []
         e = found[-1].get("exactness") if found else None
         return {"verdict": e.get("verdict"), "reason": e.get("reason")} if isinstance(e, dict) else None
+
+    def row_from_gates(self, variant: Variant, gates: gate.GateReport, deploy_s: float,
+                       exactness: dict | None) -> dict:
+        """The variant's row: the bench the gates ran, each of the four gates' verdict, and the gates that
+        would stop a deploy of it (``gates_failed``, by the gate code's own rule)."""
+        if gates.bench is not None:
+            row = self.row_from_bench(variant, gates.bench.to_dict(), deploy_s)
+        else:
+            smoke = next((r for r in gates.results if r.gate == "smoke"), None)
+            why = f"{smoke.verdict}: {smoke.reason}" if smoke else "no bench ran"
+            row = report.variant_row(variant.budget, variant.topk_cap, status="failed",
+                                     error=f"not measured: the smoke gate {why}", config=variant.name,
+                                     deploy_s=deploy_s, reproduce_state_leak=variant.reproduce_state_leak)
+        if exactness is None or exactness.get("verdict") not in (gate.PASS, gate.FAIL, gate.INCONCLUSIVE):
+            exactness = {"verdict": gate.INCONCLUSIVE, "reason": "the variant's deploy recorded no exactness verdict"}
+        judged = gate.GateReport(gates.url, gates.speculative, gates.thresholds, list(gates.results),
+                                 exactness=gate.GateResult("exactness", "prompts_equal", None, None, None,
+                                                           exactness["verdict"], exactness.get("reason") or ""),
+                                 exactness_enforced=True)
+        verdicts = {r.gate: {"verdict": r.verdict, "reason": r.reason} for r in gates.results}
+        verdicts["exactness"] = {"verdict": exactness["verdict"], "reason": exactness.get("reason")}
+        row["gates"] = {g: verdicts.get(g) for g in report.GATE_NAMES}
+        row["gates_failed"] = judged.failed_gates
+        row["exactness"] = verdicts["exactness"]
+        row["leaks"] = variant.reproduce_state_leak
+        return row
 
     def row_from_bench(self, variant: Variant, b: dict, deploy_s: float) -> dict:
         ok = b["completed"] > 0 and b["accept_length_mean"] is not None
@@ -413,18 +494,21 @@ class Sweep:
                 "detail": problem or "the sweep's variant units are stopped and disabled"}
 
     def cleanup_variants(self, stop: bool) -> str | None:
-        """Disable every variant unit that was installed (and stop it when ``stop``); forget their current.json."""
-        names = " ".join(v.name for v in self.deployed)
-        command = (f"rc=0; for n in {names}; do u=sglang-$n.service; "
-                   f"if [ -e /etc/systemd/system/$u ]; then systemctl disable {'--now ' if stop else ''}--quiet $u "
-                   "|| rc=1; fi; rm -f /var/lib/sglang-deploy/$n/current.json; "
-                   "if systemctl is-active --quiet $u; then echo \"$u is still active\"; rc=1; fi; done; exit $rc")
-        try:
-            rc, out, err = tunnel.run(self.target, command)
-        except tunnel.TunnelError as exc:
-            return str(exc)
-        if rc != 0 or out.strip():
-            return f"stopping the variant units failed (exit {rc}): {(out + err).strip()[:300]}"
+        """Disable every variant unit that was installed (and stop it when ``stop``); forget their current.json.
+
+        Through Ansible (``ansible.builtin.shell`` ad hoc): the inventory's user, SSH settings and privilege
+        escalation apply as in the deploy (e.g. ``ansible_user: ubuntu`` with ``ansible_become: true``), and
+        the state folder is the host's ``sglang_deploy_state_dir``."""
+        units = " ".join(shlex.quote(spec.load(v.path).unit_name) for v in self.deployed)
+        folders = " ".join(shlex.quote(f"{self.state_dir.rstrip('/')}/{v.name}") for v in self.deployed)
+        script = (f"rc=0; for u in {units}; do if systemctl cat -- \"$u\" >/dev/null 2>&1; then "
+                  f"systemctl disable {'--now ' if stop else ''}--quiet -- \"$u\" || rc=1; fi; done; "
+                  f"for d in {folders}; do rm -f -- \"$d/current.json\" || rc=1; done; "
+                  f"for u in {units}; do if systemctl is-active --quiet -- \"$u\"; then echo \"$u is still active\"; "
+                  "rc=1; fi; done; exit $rc")
+        proc = self.adhoc("ansible.builtin.shell", json.dumps({"cmd": script}))
+        if proc.returncode != 0:
+            return f"stopping the variant units failed (ansible exit {proc.returncode}): {adhoc_detail(proc)}"
         return None
 
     # ---- the whole run
@@ -450,13 +534,15 @@ class Sweep:
                 label = f"[{i}/{total}] budget {v.budget} cap {v.topk_cap}"
                 self.say(f"{label}: deploying {v.name} ...")
                 self.deployed.append(v)
+                seen = self.record_paths()
                 result = self.deploy(v.path, "smoke", self.report_dir / "logs" / f"{v.name}.log", protect)
                 if protect.received:
                     raise KeyboardInterrupt(protect.received)
                 if not result.ok:
                     self.rows.append(report.variant_row(v.budget, v.topk_cap, status="failed",
                                                         error=f"deploy failed: {result.message}", config=v.name,
-                                                        deploy_s=result.seconds))
+                                                        deploy_s=result.seconds, leaks=v.reproduce_state_leak,
+                                                        reproduce_state_leak=v.reproduce_state_leak))
                     self.say(f"{label}: FAILED to deploy after {result.seconds:.0f} s: {result.message} "
                              f"(log: {result.log})")
                 else:
@@ -465,11 +551,11 @@ class Sweep:
                     except Exception as exc:  # tunnel, bench or anything else: this variant is not measured
                         self.rows.append(report.variant_row(v.budget, v.topk_cap, status="failed",
                                                             error=f"bench failed: {exc}", config=v.name,
-                                                            deploy_s=result.seconds))
+                                                            deploy_s=result.seconds, leaks=v.reproduce_state_leak,
+                                                            reproduce_state_leak=v.reproduce_state_leak))
                         self.say(f"{label}: FAILED to measure: {exc}")
                     else:
-                        row = self.row_from_bench(v, b, result.seconds)
-                        row["exactness"] = self.exactness_of(v)
+                        row = self.row_from_gates(v, b, result.seconds, self.exactness_of(v, seen))
                         self.rows.append(row)
                         self.say(f"{label}: {progress(row)}")
                 if protect.received:
@@ -489,6 +575,7 @@ class Sweep:
             cliff_drop=self.cliff_drop, tie_tolerance=self.tie_tolerance,
             restored=(", ".join(restore["configs"]) or None) if restore["ok"] else None,
             restore=restore, interrupted=interrupted, error=crashed, sweep_id=self.sweep_id,
+            simulated=self.simulated,
             bench={"requests": self.requests, "concurrency": self.concurrency, "max_new_tokens": self.max_tokens,
                    "prompts_digest": bench.prompts_digest(bench.load_prompts())})
         paths = report.write(results, self.report_dir)
@@ -500,7 +587,19 @@ class Sweep:
             return 130, results
         if crashed or any(r["status"] != "ok" for r in self.rows):
             return 1, results
+        if results["best"] is None:
+            return 3, results  # measured, but no variant qualifies (the recommendation says why)
         return 0, results
+
+
+def adhoc_detail(proc: subprocess.CompletedProcess) -> str:
+    """One line of what an ad-hoc ``ansible -o`` call said: its result line (``HOST | FAILED | rc=1 |
+    (stdout) ...``), else the last line of stderr that is not a warning."""
+    lines = [line.strip() for line in proc.stdout.splitlines() if line.strip()]
+    if not lines:
+        lines = [line.strip() for line in proc.stderr.splitlines()
+                 if line.strip() and not line.lstrip().startswith(("[WARNING]", "[DEPRECATION WARNING]"))][-1:]
+    return (lines[0] if lines else "no output")[:300]
 
 
 def restore_target(name: str, base: spec.Config) -> Path | None:
@@ -517,12 +616,17 @@ def report_time() -> str:
 
 
 def progress(row: dict) -> str:
+    verdicts = report.gate_verdicts(row)
+    if row.get("gates"):
+        gates = "; gates: " + ", ".join(f"{g} {verdicts[g] or '-'}" for g in report.GATE_NAMES)
+    else:  # a row without the gates' verdicts knows its exactness verdict only
+        gates = f", exactness {verdicts['exactness'] or '-'}" if row["status"] == "ok" else ""
+    leak = "; LEAKS (no state forking above block_size - 1)" if report.leaks(row) else ""
     if row["status"] != "ok":
-        return f"FAILED: {row['error']}"
-    exact = (row.get("exactness") or {}).get("verdict") or "-"
+        return f"FAILED: {row['error']}{gates}{leak}"
     return (f"accept {row['accept_length_mean']:.1f} (sd {row['accept_length_sd']:.1f}), "
             f"{row['tokens_per_s']:.1f} tok/s, step {row['step_time_ms']:.0f} ms, "
-            f"{row['requests'] - row['failures']}/{row['requests']} requests, exactness {exact}")
+            f"{row['requests'] - row['failures']}/{row['requests']} requests{gates}{leak}")
 
 
 def summary(results: dict, paths: dict[str, Path]) -> str:
@@ -531,6 +635,8 @@ def summary(results: dict, paths: dict[str, Path]) -> str:
     lines.append(f"cliff: budget {cliff['budget']} cap {cliff['topk_cap']} (accept length -{cliff['drop_pct']:.1f}%)"
                  if cliff else "cliff: none")
     lines.append(f"recommendation: {results['recommendation']}")
+    if results.get("simulated"):
+        lines.append(f"note: {report.SIMULATED_NOTE}")
     if results["warning"]:
         lines.append(f"warning: {results['warning']}")
     r = results["restore"]

@@ -1,5 +1,6 @@
 """testinfra: every sglang-router unit on the host (role sglang_router, docs/router.md) runs the pinned
-wheel as its own user, listens only where its unit says, answers /health and lists its engines healthy.
+wheel as its own user, listens only where its unit says, answers /health, lists exactly its engines (each
+healthy, no stranger) and keeps its worker API closed to anyone without its admin key.
 
     pytest tests/infra/test_router.py --hosts=ansible://gpu_hosts --ansible-inventory=INVENTORY
 
@@ -21,6 +22,7 @@ from test_service import listeners, main_pid, process_tree, report
 
 # The same parser of a router unit as the status module (collection sgdeploy.host).
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "collections"))
+from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_router_api as api  # noqa: E402
 from ansible_collections.sgdeploy.host.plugins.module_utils.sglang_router_api import parse_router_unit  # noqa: E402
 
 DEFAULTS = yaml.safe_load((Path(__file__).resolve().parents[2] / "roles" / "sglang_router" / "defaults" /
@@ -34,6 +36,40 @@ def routers(host) -> list[dict]:
         pytest.skip("no sglang-router unit on this host")
     return [{"unit": unit, **parse_router_unit(host.file(f"/etc/systemd/system/{unit}").content_string)}
             for unit in names]
+
+
+# One request from the host, as root or another user: python3 reads the key from the router's environment
+# file itself (``-`` for none), so the key is never on a command line. Prints the status, then the body.
+CALL = r"""
+import re, sys, urllib.error, urllib.request
+method, url, env = sys.argv[1:4]
+key = None
+if env != "-":
+    for line in open(env, encoding="utf-8"):
+        if line.startswith("SGLANG_ROUTER_CONTROL_KEY="):
+            key = re.sub(r"\\(.)", r"\1", line.split("=", 1)[1].strip()[1:-1])
+headers = {"Content-Type": "application/json", **({"Authorization": "Bearer " + key} if key else {})}
+body = b'{"url": "http://127.0.0.1:9"}' if method == "POST" else None
+try:
+    with urllib.request.urlopen(urllib.request.Request(url, body, headers, method=method), timeout=10) as r:
+        print(r.status), print(r.read().decode())
+except urllib.error.HTTPError as e:
+    print(e.code), print(e.read().decode())
+"""
+
+
+def env_path(r: dict) -> str:
+    return api.env_file(r["port"], DEFAULTS["sglang_router_env_dir"])
+
+
+def call(host, method: str, url: str, env: str = "-", user: str | None = None) -> tuple[str, str]:
+    """(HTTP status, body) of one request from the host; with ``env`` the router's key from that file."""
+    cmd = f"python3 -c {shlex.quote(CALL)} {method} {shlex.quote(url)} {shlex.quote(env)}"
+    if user:
+        cmd = f"runuser -u {user} -- {cmd}"
+    out = host.run(cmd).stdout
+    status, _, body = out.partition("\n")
+    return status.strip(), body
 
 
 def test_router_enabled_active_as_its_own_user(host, routers):
@@ -69,7 +105,7 @@ def test_router_runs_the_pinned_wheel(host, routers):
     report(problems)
 
 
-def test_router_listens_only_at_its_address_and_lists_its_engines_healthy(host, routers):
+def test_router_listens_only_at_its_address_and_lists_exactly_its_engines_healthy(host, routers):
     problems = []
     socks = listeners(host)
     for r in routers:
@@ -83,14 +119,43 @@ def test_router_listens_only_at_its_address_and_lists_its_engines_healthy(host, 
         if health != "200":
             problems.append(f"{r['unit']}: {base}/health answered {health or 'nothing'}")
             continue
-        listed = host.run(f"curl -sf {base}/workers").stdout
+        status, listed = call(host, "GET", f"{base}/workers", env_path(r))
+        if status != "200":
+            problems.append(f"{r['unit']}: GET /workers with the router's admin key answered {status or 'nothing'}")
+            continue
         try:
-            got = {w["url"]: w["is_healthy"] for w in json.loads(listed)["workers"]}
+            got = {w["url"].rstrip("/"): {"healthy": bool(w["is_healthy"])} for w in json.loads(listed)["workers"]}
         except (ValueError, KeyError, TypeError):
             problems.append(f"{r['unit']}: {base}/workers did not answer a worker list")
             continue
-        for url in r["workers"]:
-            if not got.get(url):
-                problems.append(f"{r['unit']}: engine {url} is {'unhealthy' if url in got else 'not listed'} "
-                                "in the router")
+        strangers, missing, unhealthy = api.compare(got, r["workers"])
+        problems += [f"{r['unit']}: engine {u} is not listed in the router" for u in missing]
+        problems += [f"{r['unit']}: engine {u} is unhealthy in the router" for u in unhealthy]
+        problems += [f"{r['unit']}: the router lists {u}, which its unit does not (a stranger added through the "
+                     "worker API)" for u in strangers]
+    report(problems)
+
+
+def test_router_worker_api_needs_its_admin_key(host, routers):
+    """Another user of the host (nobody) can neither list, add nor remove the router's workers; the key
+    is in a file only root and the router's group read, not in the unit file or the router's argv."""
+    problems = []
+    for r in routers:
+        base = f"http://{r['address']}:{r['port']}"
+        for method, path in (("GET", "/workers"), ("POST", "/workers"), ("DELETE", "/workers/x")):
+            code = call(host, method, base + path, user="nobody")[0]
+            if code not in ("401", "403"):
+                problems.append(f"{r['unit']}: {method} {path} as nobody without a key answered {code or 'nothing'}, "
+                                "not 401/403")
+        f = host.file(env_path(r))
+        if not f.exists or (f.mode, f.user, f.group) != (0o640, "root", DEFAULTS["sglang_router_user"]):
+            problems.append(f"{r['unit']}: {f.path} is not 0640 root:{DEFAULTS['sglang_router_user']}")
+            continue
+        key = api.read_env_text(f.content_string).get(api.CONTROL_KEY_VAR, "")
+        if not key:
+            problems.append(f"{r['unit']}: no {api.CONTROL_KEY_VAR} in {f.path}: its worker API answers anyone")
+        unit_text = host.file(f"/etc/systemd/system/{r['unit']}").content_string
+        argv = host.run(f"cat /proc/{main_pid(host, r['unit'])}/cmdline | tr '\\0' ' '").stdout
+        if key and (key in unit_text or key in argv):
+            problems.append(f"{r['unit']}: its admin key is in the unit file or the process's argv")
     report(problems)

@@ -90,3 +90,25 @@ def test_ansible_playbook_under_limit_refuses_the_description_in_one_message(lab
     assert len(fatal) == 1, out[-3000:]
     assert '"msg": "' + str(config) + ": description: " in fatal[0], fatal[0]
     assert "one line of printable text, without newline" in fatal[0] and '"rc"' not in fatal[0], fatal[0]
+
+
+@pytest.mark.parametrize("stem,text,fragment", [
+    ("router-31200", "extends: ddtree-b15\n", "name: 'router-31200': names starting with 'router-' are the routers'"),
+    ("n" * 250, "extends: ddtree-b15\n", "at most 200 characters (250 given)"),
+    ("tp-abbrev", "extends: ddtree-b15\nserving: {extra_args: ['--tp', '4']}\n",
+     "serving.extra_args[0]: '--tp': --tp (SGLang reads it as --tp-size) is set from the config's own fields"),
+    ("api-key-argv", "extends: ddtree-b15\nserving: {extra_args: ['--api-key=s3cret']}\n",
+     "serving.extra_args[0]: '--api-key=s3cret': --api-key: a secret never goes on the command line"),
+    ("ld-preload", "extends: ddtree-b15\nserving: {env: {LD_PRELOAD: /tmp/x.so}}\n",
+     "serving.env.LD_PRELOAD: '/tmp/x.so': LD_PRELOAD may not be set in serving.env"),
+], ids=["router-unit-name", "name-250", "tp-abbreviation", "api-key-in-argv", "ld-preload"])
+def test_inputs_that_would_take_over_a_unit_or_the_engine_are_refused_by_make(lab, host_unchanged, tmp_path, stem,
+                                                                              text, fragment):
+    """Issue 34: a config named router-<port> (its unit would replace the router's), a name too long for a unit
+    (the deploy died with an OSError traceback), a managed flag by abbreviation, the API key in argv, the
+    loader's LD_PRELOAD: exit 2, one line, before any host is touched."""
+    config = tmp_path / f"{stem}.yml"
+    config.write_text(text)
+    for target in TARGETS:
+        line = refused(lab, target, str(config))
+        assert line.startswith(f"{config}: ") and fragment in line, line

@@ -9,6 +9,11 @@ ddtree-b64-nofork whose canary fails its gate and is rolled back (the rollout st
 rollback of the config (`make rollback`: each replica out of the router, switched back, back in), and
 must see no failed request. The canary's gates bench it side by side with an old replica.
 Simulated engine: proves plumbing, not behaviour.
+
+The router's worker API is its control plane (issue 34): another user of the host cannot list, add or
+remove workers (401 without the admin key the role made on the host, which is in no unit file, argv,
+journal or file of the controller), and a worker that is not one of the config's engines is found by
+`make verify` and `make status`.
 """
 
 from __future__ import annotations
@@ -30,6 +35,9 @@ pytestmark = pytest.mark.lab
 REPO = Path(__file__).resolve().parents[2]
 LAB_CONFIGS = REPO / "tests" / "lab" / "configs"
 RESULTS = REPO / "build" / "lab-router-results.json"
+sys.path.insert(0, str(REPO / "collections"))
+from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_router_api as api  # noqa: E402
+
 ROUTER_PORT = 31200
 REPLICA_PORTS = (31201, 31203)
 CONCURRENCY = 8
@@ -42,8 +50,9 @@ class Load:
     """Paced requests at a fixed concurrency through every host's router until stopped (or a bound),
     and once a second, how many replicas each router lists healthy (its capacity)."""
 
-    def __init__(self, routers: list[str]):
+    def __init__(self, routers: list[str], keys: dict[str, str]):
         self.routers = routers
+        self.keys = keys  # router URL -> its admin key (the worker API answers 401 without it)
         self.stop = threading.Event()
         self.lock = threading.Lock()
         self.done: list[tuple[float, float, str, bool, str]] = []   # (end, latency, router, ok, detail)
@@ -80,7 +89,8 @@ class Load:
         while not self.stop.wait(1.0) and self.now() <= MAX_SECONDS:
             for url in self.routers:
                 try:
-                    with urllib.request.urlopen(url + "/workers", timeout=5) as resp:
+                    req = urllib.request.Request(url + "/workers", headers=_bearer(self.keys[url]))
+                    with urllib.request.urlopen(req, timeout=5) as resp:
                         healthy = sum(1 for w in json.loads(resp.read())["workers"] if w["is_healthy"])
                 except (urllib.error.URLError, OSError, ValueError):
                     healthy = -1
@@ -119,8 +129,20 @@ class Load:
                 "seconds_below_full_capacity": {url.split("//")[1]: n for url, n in reduced.items()}}
 
 
+def _bearer(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def _router_key(lab, host: str) -> str:
+    """The router's admin key, read from its environment file on the host (kept in memory here only)."""
+    text = lab.ssh(host, f"cat {api.env_file(ROUTER_PORT)}").stdout
+    return api.read_env_text(text)[api.CONTROL_KEY_VAR]
+
+
 def _listed(lab, host: str) -> dict[str, bool]:
-    with urllib.request.urlopen(f"http://{lab.address(host)}:{ROUTER_PORT}/workers", timeout=10) as resp:
+    req = urllib.request.Request(f"http://{lab.address(host)}:{ROUTER_PORT}/workers",
+                                 headers=_bearer(_router_key(lab, host)))
+    with urllib.request.urlopen(req, timeout=10) as resp:
         return {w["url"]: w["is_healthy"] for w in json.loads(resp.read())["workers"]}
 
 
@@ -167,7 +189,8 @@ def test_replicas_roll_canary_first_with_no_failed_request(lab):
     phases: dict[str, dict] = {}
     same_window: dict[str, dict] = {}
     router_since = {h: _active_since(lab, h, f"sglang-router-{ROUTER_PORT}.service") for h in lab.hosts}
-    with Load(routers) as load:
+    keys = {f"http://{lab.address(h)}:{ROUTER_PORT}": _router_key(lab, h) for h in lab.hosts}
+    with Load(routers, keys) as load:
         time.sleep(15)  # a window with both replicas in, the baseline of the dip
         phases["baseline"] = load.window(0, load.now())
         phases["a_switch_b15_to_b32"], proc = _timed(lab, load, "playbooks/deploy.yml", "-e", cfg["b32"],
@@ -242,4 +265,110 @@ def test_replicas_roll_canary_first_with_no_failed_request(lab):
                              "tests/infra/test_router.py", "--hosts=ansible://gpu_hosts",
                              f"--ansible-inventory={lab.inventory}"], cwd=REPO, env=lab.ansible_env(), text=True,
                             capture_output=True, timeout=600, stdin=subprocess.DEVNULL)
-    assert verify.returncode == 0 and "6 passed" in verify.stdout, verify.stdout[-3000:] + verify.stderr[-2000:]
+    assert verify.returncode == 0 and f"{4 * len(lab.hosts)} passed" in verify.stdout, \
+        verify.stdout[-3000:] + verify.stderr[-2000:]
+
+
+def _as_nobody(lab, host: str, method: str, path: str) -> str:
+    """The HTTP status the router answers another user of the host (nobody), who has no key."""
+    data = f"-H 'Content-Type: application/json' -d '{{\"url\": \"http://{lab.address(host)}:31290\"}}'" \
+        if method == "POST" else ""
+    return lab.ssh(host, f"runuser -u nobody -- curl -s -o /dev/null -w '%{{http_code}}' -X {method} {data} "
+                         f"http://{lab.address(host)}:{ROUTER_PORT}{path}", check=False).stdout.strip()
+
+
+def _with_key(lab, host: str, method: str, path: str, body: dict | None = None) -> int:
+    req = urllib.request.Request(f"http://{lab.address(host)}:{ROUTER_PORT}{path}", method=method,
+                                 data=json.dumps(body).encode() if body is not None else None,
+                                 headers={**_bearer(_router_key(lab, host)), "Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return resp.status
+    except urllib.error.HTTPError as err:
+        return err.code
+
+
+def _files_holding(text: str, roots: list[Path], skip: tuple[str, ...]) -> list[str]:
+    """Files under ``roots`` (not below a folder named in ``skip``) whose bytes hold ``text``."""
+    needle, found = text.encode(), []
+    for root in roots:
+        for path in root.rglob("*") if root.is_dir() else ():
+            if any(part in skip for part in path.relative_to(REPO).parts) or not path.is_file() or path.is_symlink():
+                continue
+            try:
+                if path.stat().st_size < 50_000_000 and needle in path.read_bytes():
+                    found.append(str(path.relative_to(REPO)))
+            except OSError:
+                continue
+    return found
+
+
+def test_the_worker_api_refuses_other_users_and_a_stranger_worker_is_found(lab):
+    """Issue 34: as user nobody on the host, POST /workers added a fake worker and DELETE removed real ones;
+    `make status` still said healthy. Now the worker API answers 401 without the router's admin key (made
+    on the host, 0640 root:sglang-router, in no unit file, argv, journal or controller file), and a worker
+    the unit does not list (added with the key) fails `make verify` and shows in `make status`."""
+    host = lab.hosts[0]
+    addr = lab.address(host)
+    cfg = f"config={LAB_CONFIGS / 'lab-replicas-b15.yml'}"
+    lab.ansible_playbook("playbooks/deploy.yml", "-e", cfg, "--limit", host, timeout=900)
+    expected = {f"http://{addr}:{p}": True for p in REPLICA_PORTS}
+    assert _listed(lab, host) == expected
+
+    # Another user of the host: no list, no add, no remove.
+    for method, path in (("GET", "/workers"), ("POST", "/workers"), ("DELETE", "/workers/anything")):
+        assert _as_nobody(lab, host, method, path) in ("401", "403"), (method, path)
+    time.sleep(2)
+    assert _listed(lab, host) == expected
+
+    # The key: a file only root and the router's group read; not in the unit, any argv, the journal, or the
+    # controller's files (build/ and reports/ except the lab hosts' own disks under build/lab).
+    key = _router_key(lab, host)
+    mode = lab.ssh(host, f"stat -c '%a %U %G' {api.env_file(ROUTER_PORT)}").stdout.split()
+    assert mode == ["640", "root", "sglang-router"], mode
+    unit = lab.ssh(host, f"cat /etc/systemd/system/sglang-router-{ROUTER_PORT}.service").stdout
+    argv = lab.ssh(host, "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null; echo; done").stdout
+    journal = lab.ssh(host, "journalctl --no-pager -o cat").stdout
+    assert key not in unit and key not in argv and key not in journal
+    assert "--control-plane-api-keys" not in argv
+    leaked = _files_holding(key, [REPO / "build", REPO / "reports", REPO / "inventory"],
+                            skip=("lab", "lab-cache", "cpu-venv", ".venv"))
+    assert not leaked, leaked
+
+    # A stranger added with the key (a live engine the config does not have) is found.
+    stranger = f"http://{addr}:31290"
+    sim = f"python3 /opt/sglang-sim/sglang_sim.py --model-path /nonexistent/x --host {addr} --port 31290"
+    lab.ssh(host, f"runuser -u nobody -- setsid sh -c '{sim} > /dev/null 2>&1 < /dev/null & "
+                  "echo $! > /tmp/stranger.pid'")
+    try:
+        for _ in range(30):
+            if lab.ssh(host, f"curl -sf {stranger}/health", check=False).returncode == 0:
+                break
+            time.sleep(1)
+        assert _with_key(lab, host, "POST", "/workers", {"url": stranger}) in (200, 201, 202)
+        for _ in range(30):
+            if stranger in _listed(lab, host):
+                break
+            time.sleep(1)
+        assert stranger in _listed(lab, host)
+        verify = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
+                                 "tests/infra/test_router.py", f"--hosts=ansible://{host}",
+                                 f"--ansible-inventory={lab.inventory}"], cwd=REPO, env=lab.ansible_env(), text=True,
+                                capture_output=True, timeout=600, stdin=subprocess.DEVNULL)
+        assert verify.returncode != 0, verify.stdout[-2000:]
+        assert f"the router lists {stranger}, which its unit does not" in verify.stdout, verify.stdout[-3000:]
+        status = lab.ansible_playbook("playbooks/status.yml", "--limit", host, check=False, timeout=600)
+        assert f"NOT AS DEPLOYED: 1 stranger worker(s) the unit does not list: {stranger}" in status.stdout, \
+            status.stdout[-3000:]
+    finally:
+        req = urllib.request.Request(f"http://{addr}:{ROUTER_PORT}/workers", headers=_bearer(_router_key(lab, host)))
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            for w in json.loads(resp.read())["workers"]:
+                if w["url"].rstrip("/") == stranger:
+                    _with_key(lab, host, "DELETE", f"/workers/{w['id']}")
+        lab.ssh(host, "kill $(cat /tmp/stranger.pid) && rm -f /tmp/stranger.pid", check=False)
+    for _ in range(30):
+        if _listed(lab, host) == expected:
+            break
+        time.sleep(1)
+    assert _listed(lab, host) == expected

@@ -328,8 +328,42 @@ WORDS = ("the", "model", "drafts", "a", "tree", "of", "tokens", "and", "verifies
          "port", "health", "ready")
 
 
+WORD_IDS = {w: i for i, w in enumerate(WORDS)}
+PIECE_IDS = 100_000  # a prompt piece that is not one of WORDS gets len(WORDS) + (a hash of it) % PIECE_IDS
+VOCAB_SIZE = len(WORDS) + PIECE_IDS
+_pieces: dict[int, str] = {}  # token id -> text, for the prompt pieces seen (text in input log-probabilities)
+_pieces_lock = threading.Lock()
+
+
+def tokenize(text: str) -> list[int]:
+    """The simulated tokenizer: words and punctuation marks; one of WORDS is its index, any other piece a
+    hashed id above them. So the text of generated tokens tokenizes back to the same ids, and an empty
+    prompt is one token (the empty piece)."""
+    pieces = re.findall(r"\w+|[^\w\s]", text) or [""]
+    ids = []
+    for piece in pieces:
+        tid = WORD_IDS.get(piece)
+        if tid is None:
+            h = hashlib.sha256(b"piece" + piece.encode("utf-8")).digest()
+            tid = len(WORDS) + int.from_bytes(h[:4], "little") % PIECE_IDS
+            with _pieces_lock:
+                if len(_pieces) < 1_000_000:
+                    _pieces[tid] = piece
+        ids.append(tid)
+    return ids
+
+
+def token_text(tid: int) -> str | None:
+    """What a token id reads as (with its leading space, as the WORDS in answers), None if never seen."""
+    if 0 <= tid < len(WORDS):
+        return " " + WORDS[tid]
+    with _pieces_lock:
+        piece = _pieces.get(tid)
+    return None if piece is None else " " + piece
+
+
 def prompt_tokens(text: str) -> int:
-    return max(1, len(re.findall(r"\w+|[^\w\s]", text)))
+    return len(tokenize(text))
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -385,16 +419,54 @@ def leak_rate(cfg: SpecConfig) -> float:
     return LEAK_RATE * (1.0 - ((cfg.block_size - 1) / cfg.budget) ** COLLAPSE_POWER)
 
 
-def decode(prompt: str, n: int, cfg: SpecConfig | None = None,
+ROOT_STATE = hashlib.sha256(b"sglang-sim target").digest()
+
+
+def next_state(state: bytes, token: int) -> bytes:
+    return hashlib.sha256(state + token.to_bytes(4, "little")).digest()
+
+
+def state_after(ids: list[int]) -> bytes:
+    """The target's state after the tokens ``ids``: the target is a deterministic function of the token ids
+    so far, the same for a prompt given as text or as ids, and for tokens prefilled or decoded."""
+    state = ROOT_STATE
+    for t in ids:
+        state = next_state(state, t)
+    return state
+
+
+def token_logprob(st: TargetStep, token: int) -> float:
+    return st.lp1 if token == st.top1 else st.lp2 if token == st.top2 else math.log(REST_MASS / (len(WORDS) - 2))
+
+
+def input_logprobs(ids: list[int], start: int) -> list[tuple[int, float | None, TargetStep | None]]:
+    """The target's prefill of ``ids``: for every position from ``start``, (token id, its log-prob given the
+    tokens before it, the target's step there), as SGLang 0.5.23 returns input log-probabilities: the first
+    returned position has none (``[None] + ...``, whatever ``start`` is)."""
+    out = []
+    state = ROOT_STATE
+    for j, t in enumerate(ids):
+        if j >= start:
+            if j == start:
+                out.append((t, None, None))
+            else:
+                st = target_step(state)
+                out.append((t, token_logprob(st, t), st))
+        state = next_state(state, t)
+    return out
+
+
+def decode(prompt: str | list[int], n: int, cfg: SpecConfig | None = None,
            rng: random.Random | None = None) -> list[tuple[int, float, TargetStep]]:
-    """``n`` tokens for ``prompt``: (token id, its log-prob, the target's step) each. The target's state
-    is a hash of the prompt and the tokens so far, so a different token changes every later step.
+    """``n`` tokens for ``prompt`` (text, or token ids): (token id, its log-prob, the target's step) each.
+    The target's state is a hash of the token ids so far (``state_after``), so a different token changes
+    every later step; a prefill of prompt + answer (``input_logprobs``) sees the same steps.
 
     Greedy (``rng`` None): the autoregressive engine takes top-1 always; a speculative engine takes the
     runner-up at a fixed share of the near-tie steps (deterministic per prompt), and, with a state leak
     (``leak_rate``), the runner-up or a third token at that rate; both only after the first token, which
     comes from the prefill. Sampled: a random token (from ``rng``)."""
-    state = hashlib.sha256(prompt.encode("utf-8")).digest()
+    state = state_after(tokenize(prompt) if isinstance(prompt, str) else list(prompt))
     speculative = cfg is not None and cfg.algorithm != "NONE"
     leak = leak_rate(cfg) if cfg is not None else 0.0
     out = []
@@ -410,9 +482,8 @@ def decode(prompt: str, n: int, cfg: SpecConfig | None = None,
                 token = st.top2
             if i > 0 and st.u_leak < leak:
                 token = st.top2 if st.u_flip < 0.5 else st.other
-        lp = st.lp1 if token == st.top1 else st.lp2 if token == st.top2 else math.log(REST_MASS / (len(WORDS) - 2))
-        out.append((token, lp, st))
-        state = hashlib.sha256(state + token.to_bytes(4, "little")).digest()
+        out.append((token, token_logprob(st, token), st))
+        state = next_state(state, token)
     return out
 
 
@@ -421,18 +492,24 @@ def greedy_words(prompt: str, n: int, cfg: SpecConfig | None = None) -> list[str
 
 
 class Request:
-    def __init__(self, prompt: str, max_new: int, greedy: bool, seed: int, sample_rng: random.Random,
-                 stream: bool, cfg: SpecConfig | None = None):
-        self.prompt = prompt
-        self.prompt_tokens = prompt_tokens(prompt)
+    def __init__(self, prompt: str | list[int], max_new: int, greedy: bool, seed: int, sample_rng: random.Random,
+                 stream: bool, cfg: SpecConfig | None = None, logprob_start_len: int | None = None):
+        """``prompt``: text, or token ids (SGLang's ``input_ids``). ``logprob_start_len``: None without
+        ``return_logprob``, else the request's value (-1: the output only), which bounds the prefix the
+        cache may serve as in SGLang 0.5.23 (``Req._compute_max_prefix_len``)."""
+        self.prompt_ids = tokenize(prompt) if isinstance(prompt, str) else list(prompt)
+        self.prompt = prompt if isinstance(prompt, str) else "ids:" + ",".join(map(str, self.prompt_ids))
+        self.prompt_tokens = len(self.prompt_ids)
+        self.logprob_start_len = logprob_start_len
+        self.cached_tokens = 0
         self.max_new = max_new
         self.id = uuid.uuid4().hex
         if greedy:
-            self.rng = random.Random(f"{seed}:{max_new}:{prompt}")
-            self.steps = decode(prompt, max_new, cfg)
+            self.rng = random.Random(f"{seed}:{max_new}:{self.prompt}")
+            self.steps = decode(self.prompt_ids, max_new, cfg)
         else:
             self.rng = random.Random(sample_rng.random())
-            self.steps = decode(prompt, max_new, cfg, random.Random(self.rng.random()))
+            self.steps = decode(self.prompt_ids, max_new, cfg, random.Random(self.rng.random()))
         self.words = [WORDS[t] for t, _lp, _st in self.steps]
         self.generated = 0
         self.verify_ct = 0
@@ -445,6 +522,18 @@ class Request:
     @property
     def remaining(self) -> int:
         return self.max_new - self.generated
+
+    @property
+    def max_prefix(self) -> int:
+        """Most prompt tokens the prefix cache may serve: all but the last, and with return_logprob none
+        from logprob_start_len on (their log-probabilities must be computed)."""
+        n = self.prompt_tokens - 1
+        if self.logprob_start_len is not None and self.logprob_start_len >= 0:
+            n = min(n, self.logprob_start_len)
+        return max(n, 0)
+
+    def output_ids(self) -> list[int]:
+        return [t for t, _lp, _st in self.steps[:self.generated]]
 
     def text(self, upto: int | None = None) -> str:
         n = self.generated if upto is None else upto
@@ -464,6 +553,37 @@ class Request:
             self.updates.put(None)
 
 
+class PrefixCache:
+    """The radix cache's view that a client sees (``meta_info.cached_tokens``): a trie of the token ids of
+    prompts (after their prefill) and of finished requests (prompt and answer). Cleared when it holds
+    ``limit`` tokens (eviction, simplified)."""
+
+    def __init__(self, limit: int = 2_000_000):
+        self.root: dict = {}
+        self.size = 0
+        self.limit = limit
+
+    def match(self, ids: list[int], most: int) -> int:
+        node, n = self.root, 0
+        for t in ids[:most]:
+            node = node.get(t)
+            if node is None:
+                break
+            n += 1
+        return n
+
+    def insert(self, ids: list[int]) -> None:
+        if self.size + len(ids) > self.limit:
+            self.root, self.size = {}, 0
+        node = self.root
+        for t in ids:
+            child = node.get(t)
+            if child is None:
+                child = node[t] = {}
+                self.size += 1
+            node = child
+
+
 class Engine:
     LOG_INTERVAL = 40  # decode steps between "Decode batch" lines, as SGLang's decode_log_interval
 
@@ -475,6 +595,7 @@ class Engine:
         self.sample_rng = random.Random(seed)
         self.cv = threading.Condition()
         self.reqs: list[Request] = []
+        self.cache = PrefixCache()
         # statistics
         self.cum_accept = 0
         self.cum_verify = 0
@@ -490,16 +611,20 @@ class Engine:
         self._win_start = time.monotonic()
         threading.Thread(target=self._loop, name="scheduler", daemon=True).start()
 
-    def new_request(self, prompt: str, max_new: int, greedy: bool, stream: bool) -> Request:
+    def new_request(self, prompt: str | list[int], max_new: int, greedy: bool, stream: bool,
+                    logprob_start_len: int | None = None) -> Request:
         with self.cv:
-            return Request(prompt, max_new, greedy, self.seed, self.sample_rng, stream, self.cfg)
+            return Request(prompt, max_new, greedy, self.seed, self.sample_rng, stream, self.cfg,
+                           logprob_start_len)
 
     def submit(self, req: Request) -> None:
         with self.cv:
             self.requests_total += 1
             self.prompt_tokens_total += req.prompt_tokens
+            req.cached_tokens = self.cache.match(req.prompt_ids, req.max_prefix)
             if req.max_new <= 0:
                 req.prefilled = True
+                self.cache.insert(req.prompt_ids)
                 req.finish()
                 return
             self.reqs.append(req)
@@ -527,6 +652,7 @@ class Engine:
                 with self.cv:
                     for r in new:
                         r.prefilled = True
+                        self.cache.insert(r.prompt_ids)
                         r.advance(1, verify=False)
                         self.gen_tokens_total += 1
                         self._win_tokens += 1
@@ -556,6 +682,7 @@ class Engine:
         for r in batch:
             if r.remaining <= 0:
                 self.reqs.remove(r)
+                self.cache.insert(r.prompt_ids + r.output_ids()[:-1])  # the last token has no KV yet
                 r.finish()
 
     def _close_window(self, running: int) -> None:
@@ -857,8 +984,9 @@ class Handler(BaseHTTPRequestHandler):
         finally:
             self.sim.release(False)
 
-    def _run(self, prompts: list[str], max_new: int, greedy: bool, stream: bool) -> list[Request]:
-        reqs = [self.sim.engine.new_request(p, max_new, greedy, stream) for p in prompts]
+    def _run(self, prompts: list, max_new: int, greedy: bool, stream: bool,
+             logprob_start_len: int | None = None) -> list[Request]:
+        reqs = [self.sim.engine.new_request(p, max_new, greedy, stream, logprob_start_len) for p in prompts]
         for r in reqs:
             self.sim.engine.submit(r)
         return reqs
@@ -866,23 +994,31 @@ class Handler(BaseHTTPRequestHandler):
     @staticmethod
     def _logprobs(r: Request, top_n: int, with_text: bool) -> dict:
         """SGLang 0.5.23's shape: per generated token [logprob, token_id, text|null], and per token a list
-        of the top ``top_n`` such triples (only when top_logprobs_num > 0). The input side is not simulated."""
-        def triple(token: int, lp: float) -> list:
-            return [round(lp, 6), token, " " + WORDS[token] if with_text else None]
+        of the top ``top_n`` such triples (only when top_logprobs_num > 0); the same for the input tokens from
+        ``logprob_start_len`` (-1: the last prompt token only), the first of them without a log-probability
+        (``[None, id, text]``, top list None), as SGLang pads it. The input side is the target's prefill."""
+        def triple(token: int, lp: float | None) -> list:
+            return [None if lp is None else round(lp, 6), token, token_text(token) if with_text else None]
 
+        def top(st: TargetStep | None) -> list | None:
+            return None if st is None else [triple(st.top1, st.lp1), triple(st.top2, st.lp2)][:top_n]
+
+        start = r.logprob_start_len if r.logprob_start_len is not None and r.logprob_start_len >= 0 \
+            else r.prompt_tokens - 1
+        inputs = input_logprobs(r.prompt_ids, start)
         steps = r.steps[:r.generated]
-        out: dict = {"input_token_logprobs": [], "output_token_logprobs": [triple(t, lp) for t, lp, _st in steps],
+        out: dict = {"input_token_logprobs": [triple(t, lp) for t, lp, _st in inputs],
+                     "output_token_logprobs": [triple(t, lp) for t, lp, _st in steps],
                      "output_token_logprobs_length": len(steps)}
         if top_n > 0:
-            out["input_top_logprobs"] = []
-            out["output_top_logprobs"] = [[triple(st.top1, st.lp1), triple(st.top2, st.lp2)][:top_n]
-                                          for _t, _lp, st in steps]
+            out["input_top_logprobs"] = [top(st) for _t, _lp, st in inputs]
+            out["output_top_logprobs"] = [top(st) for _t, _lp, st in steps]
         return out
 
     def _meta(self, r: Request) -> dict:
         end = r.end if r.end is not None else time.monotonic()
         meta = {"id": r.id, "prompt_tokens": r.prompt_tokens, "completion_tokens": r.generated,
-                "cached_tokens": 0, "e2e_latency": round(end - r.start, 6)}
+                "cached_tokens": r.cached_tokens, "e2e_latency": round(end - r.start, 6)}
         if r.done.is_set():
             meta["finish_reason"] = {"type": "length", "length": r.max_new}
         else:
@@ -899,11 +1035,32 @@ class Handler(BaseHTTPRequestHandler):
         temperature = _number(body, "temperature", temp_default, float, 0.0, 2.0)
         return max_new, temperature == 0.0
 
-    def _generate(self, body: dict) -> None:
-        text = body.get("text")
-        single = isinstance(text, str)
-        if not single and not (isinstance(text, list) and text and all(isinstance(t, str) for t in text)):
+    @staticmethod
+    def _prompts(body: dict) -> tuple[list, bool]:
+        """The prompts of a /generate body (``text`` or ``input_ids``, one of them) and whether it is one."""
+        text, ids = body.get("text"), body.get("input_ids")
+        if text is not None and ids is not None:
+            raise BadRequest("give either text or input_ids, not both")
+        if ids is None:
+            if isinstance(text, str):
+                return [text], True
+            if isinstance(text, list) and text and all(isinstance(t, str) for t in text):
+                return text, False
             raise BadRequest("text must be a string or a non-empty list of strings")
+
+        def ok(x) -> bool:
+            return (isinstance(x, list) and bool(x)
+                    and all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < VOCAB_SIZE for t in x))
+
+        if ok(ids):
+            return [ids], True
+        if isinstance(ids, list) and ids and all(ok(x) for x in ids):
+            return ids, False
+        raise BadRequest(f"input_ids must be a non-empty list of token ids (integers from 0 to {VOCAB_SIZE - 1}) "
+                         "or a non-empty list of such lists")
+
+    def _generate(self, body: dict) -> None:
+        prompts, single = self._prompts(body)
         sp = body.get("sampling_params") or {}
         if not isinstance(sp, dict):
             raise BadRequest("sampling_params must be a JSON object")
@@ -914,12 +1071,18 @@ class Handler(BaseHTTPRequestHandler):
             raise BadRequest(f"return_logprob must be true or false, not {return_logprob!r}")
         top_n = _number(body, "top_logprobs_num", 0, int, 0, len(WORDS))
         with_text = bool(body.get("return_text_in_logprobs", False))
-        reqs = self._run([text] if single else text, max_new, greedy, stream)
+        start = _number(body, "logprob_start_len", -1, int, -1)
+        for p in prompts:
+            n = len(p) if isinstance(p, list) else prompt_tokens(p)
+            if return_logprob and start >= n:
+                raise BadRequest(f"logprob_start_len={start} is not allowed (allowed: -1, or less than the "
+                                 f"{n} input tokens)")
+        reqs = self._run(prompts, max_new, greedy, stream, start if return_logprob else None)
         if not stream:
             for r in reqs:
                 r.done.wait()
             logprobs = (lambda r: self._logprobs(r, top_n, with_text)) if return_logprob else (lambda r: {})
-            out = [{"text": r.text(), "output_ids": [t for t, _lp, _st in r.steps[:r.generated]],
+            out = [{"text": r.text(), "output_ids": r.output_ids(),
                     "meta_info": {**self._meta(r), **logprobs(r)}} for r in reqs]
             self._send(200, out[0] if single else out)
             return

@@ -94,6 +94,7 @@ def test_one_change_to_the_gates_definition_reaches_the_config_schema_and_the_ga
     ("min_completed_fraction", 0), ("min_completed_fraction", 1), ("bench_requests", 0), ("warmup_requests", 0),
     ("warmup_requests", -1), ("smoke_prompt", "  "), ("exactness_tie_tolerance", 0), ("exactness_tie_tolerance", 0.05),
     ("exactness_tie_tolerance", 6), ("exactness_concurrency", 0), ("exactness_require_reference", True),
+    ("exactness_inconclusive", "maybe"), ("exactness_inconclusive", "warn"),
 ])
 def test_the_gate_and_a_config_accept_and_refuse_the_same_values(tmp_path, key, value):
     from sgdeploy import spec
@@ -264,7 +265,8 @@ def gate_cli(*args: str) -> subprocess.CompletedProcess:
                           text=True, timeout=120)
 
 
-REPORT_KEYS = {"schema", "url", "speculative", "passed", "failed_gates", "gates", "exactness", "bench", "baseline",
+REPORT_KEYS = {"schema", "url", "speculative", "passed", "all_passed", "verdict_line", "failed_gates", "gates",
+               "exactness", "bench", "baseline",
                "same_window", "thresholds", "started", "finished"}
 RESULT_KEYS = {"gate", "metric", "value", "threshold", "baseline", "verdict", "reason", "details"}
 

@@ -260,3 +260,83 @@ def test_odd_extra_args_pass_validation_and_render(tmp_path):
     assert result.returncode == 0, result.stderr
     argv = json.loads(result.stdout)["argv"]
     assert argv[-3:] == ["--tag=%h", "--home=$HOME", ";"]
+
+
+# --------------------------------------------------------------------------------------------------
+# The engines' API key (issue 34): serving.api_key_secret names it in the inventory's sglang_secret_env.
+
+SECRET = "sk-test-Zq7$%`\"x"
+
+
+def _keyed(tmp_path: Path, serving: str = "{api_key_secret: SGLANG_ENGINE_KEY}") -> spec.Config:
+    path = tmp_path / "keyed.yml"
+    path.write_text(f"extends: ddtree-b15\nserving: {serving}\n")
+    return spec.load(path)
+
+
+def test_the_api_key_reaches_only_the_env_file(tmp_path):
+    config = _keyed(tmp_path)
+    assert config.serving.api_key_secret == "SGLANG_ENGINE_KEY"
+    rendered = render.render(config, render.HostSettings(release_label=LABEL),
+                             secret_env={"SGLANG_ENGINE_KEY": SECRET, "HF_TOKEN": "hf_x"})
+    unit_path, env_path = render.write(rendered, tmp_path / "out")
+    render.verify(unit_path, rendered.argv[0])
+    assert SECRET not in rendered.unit_text and all(SECRET not in a for a in rendered.argv)
+    assert "--api-key" not in rendered.argv  # (only the launcher code, for a launcher script, says the flag)
+    assert "Environment=SGDEPLOY_API_KEY_ENV=SGLANG_ENGINE_KEY" in rendered.unit_text.splitlines()
+    assert 'SGLANG_ENGINE_KEY="sk-test-Zq7\\$%\\`\\"x"' in env_path.read_text().splitlines()
+    # argv: python -c <launcher code> -m sglang.launch_server <flags>; the code holds no secret.
+    assert rendered.argv[1] == "-c" and rendered.argv[3:5] == ("-m", "sglang.launch_server")
+    line = next(ln for ln in rendered.unit_text.splitlines() if ln.startswith("ExecStart="))
+    assert systemd_words(line.removeprefix("ExecStart=")) == list(rendered.argv)
+
+
+def test_the_launcher_gives_the_key_inside_the_process_only(tmp_path):
+    """The rendered launcher code runs a launcher script with `--api-key KEY` in its sys.argv, while the
+    process's command line (/proc/self/cmdline: ps, the journal's _CMDLINE) and environment lose it, and a
+    log record holding the key is redacted."""
+    config = _keyed(tmp_path)
+    code = render.api_key_launcher_code()
+    assert render.exec_argv(config, render.HostSettings(release_label=LABEL))[2] == code
+    script = tmp_path / "engine.py"
+    script.write_text(
+        "import json, logging, os, sys\n"
+        "logging.basicConfig(level=logging.INFO, format='%(message)s')\n"
+        "logging.getLogger('x').info('server_args=%s', {'api_key': sys.argv[-1]})\n"
+        "cmdline = open('/proc/self/cmdline', 'rb').read().decode()\n"
+        "print(json.dumps({'argv': sys.argv, 'cmdline': cmdline, 'env': [k for k in os.environ\n"
+        "                  if os.environ[k] == sys.argv[-1] or k == 'SGDEPLOY_API_KEY_ENV']}))\n")
+    env = {"PATH": "/usr/bin:/bin", "SGDEPLOY_API_KEY_ENV": "SGLANG_ENGINE_KEY", "SGLANG_ENGINE_KEY": SECRET}
+    proc = subprocess.run([sys.executable, "-c", code, str(script), "--port", "30000"], capture_output=True,
+                          text=True, env=env, timeout=60, check=False)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["argv"] == [str(script), "--port", "30000", "--api-key", SECRET]
+    assert SECRET not in out["cmdline"] and out["env"] == []
+    assert SECRET not in proc.stderr and "<redacted>" in proc.stderr
+    # Without the variable the engine does not start (one line, no traceback).
+    bad = subprocess.run([sys.executable, "-c", code, str(script)], capture_output=True, text=True,
+                         env={"PATH": "/usr/bin:/bin", "SGDEPLOY_API_KEY_ENV": "SGLANG_ENGINE_KEY"}, timeout=60,
+                         check=False)
+    assert bad.returncode != 0 and "Traceback" not in bad.stderr
+    assert bad.stderr.strip() == ("sgdeploy: SGLANG_ENGINE_KEY is not set in the service's environment "
+                                  "(serving.api_key_secret names a key of the inventory's sglang_secret_env)")
+
+
+def test_a_deploy_without_the_named_secret_is_refused_in_one_line(tmp_path):
+    config = _keyed(tmp_path)
+    with pytest.raises(spec.ConfigError) as info:
+        render.render(config, render.HostSettings(release_label=LABEL), secret_env={"HF_TOKEN": "x"})
+    assert info.value.problems == [f"{config.source}: serving.api_key_secret: 'SGLANG_ENGINE_KEY': not a key of the "
+                                   "inventory's sglang_secret_env (keys there: HF_TOKEN)"]
+
+
+def test_a_bind_address_other_hosts_reach_needs_the_api_key(tmp_path):
+    config = spec.load("ddtree-b15")
+    result = render_cli("ddtree-b15", tmp_path / "out", "--bind-address", "10.0.0.5")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr == (f"{config.source}: serving.api_key_secret: missing: required when the service binds "
+                             "10.0.0.5 (the inventory's sglang_bind_address; not loopback): name the engines' API "
+                             "key in the inventory's sglang_secret_env\n")
+    keyed = _keyed(tmp_path)
+    assert render.render(keyed, render.HostSettings(release_label=LABEL, bind_address="10.0.0.5")).argv

@@ -57,8 +57,8 @@ def test_a_larger_budget_tied_with_the_fastest_is_recommended_and_the_tie_is_nam
         "cap 8: 176.7 tokens/s, accept length 15.65 (tied within 3% with budget 15 cap 8 at 172.8 and budget 32 "
         "cap 8 at 177.8 tokens/s; the larger tree accepts at least as much, so it is recommended)")
     md = report.markdown(res)
-    assert "| 32 | 8 | 15.63 | 0.30 | 177.8 | 80.0 | 12 | 0 | - | ok (fastest) |" in md
-    assert "| 64 | 8 | 15.65 | 0.30 | 176.7 | 80.0 | 12 | 0 | - | ok (best) |" in md
+    assert "| 32 | 8 | 15.63 | 0.30 | 177.8 | 80.0 | 12 | 0 | no | - | - | - | - | ok (fastest) |" in md
+    assert "| 64 | 8 | 15.65 | 0.30 | 176.7 | 80.0 | 12 | 0 | no | - | - | - | - | ok (best) |" in md
     # 172.8 is 2.8% below 177.8: inside 3%, so 15 ties too, and the largest of the three still wins.
 
 
@@ -140,7 +140,7 @@ def test_failed_rows_are_skipped_and_kept_in_the_table():
 def test_nothing_measured_recommends_nothing():
     res = results_of([row(8, 8, None, None, status="failed")])
     assert res["best"] is None and res["cliff"] is None
-    assert "nothing to recommend" in res["recommendation"]
+    assert res["recommendation"] == "no variant recommended: no variant was measured (1 of 1 failed)"
 
 
 @pytest.mark.parametrize("bad", [0, 1, 1.5, -0.1, "0.25", True])
@@ -153,10 +153,10 @@ def test_results_md_has_the_table_cliff_and_recommendation():
     res = results_of(NOFORK, restored="ddtree-b15")
     md = report.markdown(res)
     assert md.startswith("# Sweep of ddtree-b15-nofork on lab1")
-    assert ("| budget | top-k cap | accept length | sd | tokens/s | step ms | requests | failures | exactness | "
-            "status |") in md
-    assert "| 15 | 8 | 15.00 | 0.30 | 172.8 | 80.0 | 12 | 0 | - | ok (best) |" in md
-    assert "| 32 | 8 | 7.20 | 0.30 | 92.2 | 80.0 | 12 | 0 | - | ok (cliff) |" in md
+    assert ("| budget | top-k cap | accept length | sd | tokens/s | step ms | requests | failures | leaks | smoke | "
+            "exactness | throughput | acceptance | status |") in md
+    assert "| 15 | 8 | 15.00 | 0.30 | 172.8 | 80.0 | 12 | 0 | no | - | - | - | - | ok (best) |" in md
+    assert "| 32 | 8 | 7.20 | 0.30 | 92.2 | 80.0 | 12 | 0 | no | - | - | - | - | ok (cliff) |" in md
     assert "**Cliff**: budget 32 (cap 8), accept length down 52.0% from the best so far." in md
     assert "**Recommendation**: acceptance cliff at budget 32" in md
     assert "**Warning**:" in md and "restored ddtree-b15" in md
@@ -216,7 +216,140 @@ def test_a_variant_that_fails_exactness_is_shown_and_never_recommended():
             row(32, 8, 11.0, 200.0, exactness={"verdict": "fail", "reason": "prompt x01 ..."})]
     res = results_of(rows)
     assert res["best"]["budget"] == 15
-    assert "not recommended, exactness failed: budget 32 cap 8" in res["recommendation"]
+    assert res["recommendation"].endswith("; not recommended: budget 32 cap 8 (exactness fail)")
     md = report.markdown(res)
-    assert "| 32 | 8 | 11.00 | 0.30 | 200.0 | 80.0 | 12 | 0 | fail | ok |" in md
-    assert "| 15 | 8 | 10.00 | 0.30 | 150.0 | 80.0 | 12 | 0 | pass | ok (best) |" in md
+    assert ("| 32 | 8 | 11.00 | 0.30 | 200.0 | 80.0 | 12 | 0 | no | - | fail | - | - | ok (not recommended: "
+            "exactness fail) |") in md
+    assert "| 15 | 8 | 10.00 | 0.30 | 150.0 | 80.0 | 12 | 0 | no | - | pass | - | - | ok (best) |" in md
+
+
+# --------------------------------------------------------------------------------------------------
+# Issue 33 item 3: the sweep tells the whole truth. Rows as the sweep writes them: ``leaks`` (spec's rule:
+# no state forking above block_size - 1 on a recurrent model), each of the deploy's four gates' verdict
+# and ``gates_failed`` (the gates that would stop a deploy). The numbers are the simulator's shape; they
+# prove the plumbing, not how SGLang behaves.
+
+def gated(budget, acc, tps, leak=False, failed=(), cap=8, **verdicts):
+    gates = {g: {"verdict": "pass", "reason": "x"} for g in ("smoke", "exactness", "throughput", "acceptance")}
+    for g in failed:
+        gates[g]["verdict"] = "fail"
+    for g, v in verdicts.items():
+        gates[g]["verdict"] = v
+    return row(budget, cap, acc, tps, leaks=leak, gates=gates, gates_failed=list(failed),
+               exactness={"verdict": gates["exactness"]["verdict"], "reason": "x"})
+
+
+# ddtree-b15-nofork over 8 15 16 32 64: budget 16 leaks but is as fast as 15 (the tie picked it before).
+NOFORK_16 = [gated(8, 9.0, 112.9), gated(15, 15.0, 172.8, exactness="inconclusive"),
+             gated(16, 14.4, 173.0, leak=True, exactness="inconclusive"),
+             gated(32, 7.2, 92.2, leak=True, failed=("acceptance",)),
+             gated(64, 4.8, 63.4, leak=True, failed=("throughput", "acceptance"))]
+
+
+def test_a_leaking_budget_is_never_recommended_nor_fastest_however_fast():
+    res = results_of(NOFORK_16)
+    assert (res["best"]["budget"], res["fastest"]["budget"]) == (15, 15)
+    assert "recommended: budget 15 cap 8" in res["recommendation"]
+    assert ("not recommended: budget 16 cap 8 (leaks: no state forking above block_size - 1), budget 32 cap 8 "
+            "(leaks: no state forking above block_size - 1; acceptance fail)") in res["recommendation"]
+    assert [v["not_recommended"] != [] for v in res["variants"]] == [False, False, True, True, True]
+
+
+def test_a_variant_that_fails_any_gate_is_never_recommended():
+    rows = [gated(15, 15.0, 150.0), gated(32, 15.6, 200.0, failed=("throughput",))]
+    res = results_of(rows)
+    assert (res["best"]["budget"], res["fastest"]["budget"]) == (15, 15)
+    assert res["recommendation"].endswith("not recommended: budget 32 cap 8 (throughput fail)")
+    # An inconclusive gate that the deploy counts as not passed (recorded in gates_failed) also disqualifies.
+    rows = [gated(15, 15.0, 150.0), gated(32, 15.6, 200.0, failed=("smoke",), smoke="inconclusive")]
+    assert results_of(rows)["best"]["budget"] == 15
+    # An inconclusive exactness verdict that does not stop the deploy does not.
+    rows = [gated(15, 15.0, 150.0), gated(32, 15.6, 200.0, exactness="inconclusive")]
+    assert results_of(rows)["best"]["budget"] == 32
+
+
+def test_when_nothing_qualifies_nothing_is_recommended_and_the_text_says_why():
+    rows = [gated(16, 14.4, 173.0, leak=True), gated(32, 7.2, 92.2, leak=True, failed=("acceptance",))]
+    res = results_of(rows)
+    assert res["best"] is None and res["fastest"] is None and res["warning"] is None
+    assert res["recommendation"] == (
+        "no variant recommended: no measured variant qualifies; not recommended: budget 16 cap 8 (leaks: no "
+        "state forking above block_size - 1), budget 32 cap 8 (leaks: no state forking above block_size - 1; "
+        "acceptance fail)")
+
+
+def test_results_md_has_a_leaks_column_and_all_four_gate_verdicts():
+    md = report.markdown(results_of(NOFORK_16))
+    assert ("| leaks | smoke | exactness | throughput | acceptance | status |") in md
+    assert ("| 15 | 8 | 15.00 | 0.30 | 172.8 | 80.0 | 12 | 0 | no | pass | inconclusive | pass | pass | "
+            "ok (best) |") in md
+    assert ("| 16 | 8 | 14.40 | 0.30 | 173.0 | 80.0 | 12 | 0 | yes | pass | inconclusive | pass | pass | ok (not "
+            "recommended: leaks: no state forking above block_size - 1) |") in md
+    assert ("| 64 | 8 | 4.80 | 0.30 | 63.4 | 80.0 | 12 | 0 | yes | pass | pass | fail | fail | ok (not recommended: "
+            "leaks: no state forking above block_size - 1; throughput fail, acceptance fail) |") in md
+
+
+def test_a_simulated_host_is_said_to_prove_the_plumbing_only():
+    md = report.markdown(results_of(NOFORK_16, simulated=True))
+    assert "**Simulated**: the host runs the lab's simulated engine (tests/sim): these numbers prove the " \
+           "plumbing, not how SGLang behaves." in md
+    assert "**Simulated**" not in report.markdown(results_of(NOFORK_16))
+
+
+def _capture_figure(monkeypatch):
+    """The figure sweep.png is saved from, captured at savefig (works whatever builds it)."""
+    from matplotlib.figure import Figure
+
+    saved = {}
+    original = Figure.savefig
+
+    def savefig(self, *a, **k):
+        self.canvas.draw()
+        saved["fig"] = self
+        saved["labels"] = [[(t.get_text(), t.get_window_extent()) for t in ax.get_xticklabels()
+                            if t.get_visible() and t.get_text()] for ax in self.axes]
+        saved["legend"] = [t.get_text() for ax in self.axes if ax.get_legend()
+                           for t in ax.get_legend().get_texts()]
+        saved["markers"] = [c.get_paths()[0].vertices.tolist() for ax in self.axes for c in ax.collections]
+        return original(self, *a, **k)
+
+    monkeypatch.setattr(Figure, "savefig", savefig)
+    return saved
+
+
+def test_the_plot_marks_leaking_and_gate_failing_variants(tmp_path, monkeypatch):
+    saved = _capture_figure(monkeypatch)
+    report.write(results_of(NOFORK_16), tmp_path)
+    legend = " / ".join(saved["legend"])
+    assert "leaks (no state forking): never recommended" in legend
+    assert "a gate not passed: never recommended" in legend
+
+
+def test_tick_labels_never_overlap_with_many_budgets_and_caps(tmp_path, monkeypatch):
+    budgets = [1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 15, 16, 17, 18, 20, 24, 28, 32, 40, 48, 56, 64, 96, 128, 192, 256]
+    rows = [row(b, min(c, b), 10.0 + c / 10, 100 + b + c) for b in budgets for c in (1, 2, 4, 8, 16)]
+    saved = _capture_figure(monkeypatch)
+    report.write(results_of(rows), tmp_path)
+    for labels in saved["labels"]:
+        for i, (text_a, a) in enumerate(labels):
+            for text_b, b in labels[i + 1:]:
+                assert a.x1 <= b.x0 or b.x1 <= a.x0, f"tick labels {text_a} and {text_b} overlap"
+    shown = [t for labels in saved["labels"] for t, _ in labels]
+    assert "1" in shown and "256" in shown  # the ends stay labelled
+    # Few budgets far apart keep every label.
+    saved = _capture_figure(monkeypatch)
+    report.write(results_of(NOFORK), tmp_path)
+    assert [t for labels in saved["labels"] for t, _ in labels] == ["8", "15", "32", "64"]
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077, 0o002])
+def test_the_report_files_share_one_mode_whatever_the_umask(tmp_path, umask):
+    import os
+
+    old = os.umask(umask)
+    try:
+        paths = report.write(results_of(NOFORK), tmp_path / "out")
+    finally:
+        os.umask(old)
+    modes = {name: oct(p.stat().st_mode & 0o777) for name, p in paths.items()}
+    assert modes == {"json": "0o644", "md": "0o644", "png": "0o644"}

@@ -141,6 +141,13 @@ def test_the_router_role_pins_version_and_sha256_of_one_abi3_wheel():
 class FakeRouter(BaseHTTPRequestHandler):
     workers: dict[str, dict] = {}
     healthy = True
+    key: str | None = None  # the admin key it asks for (0.3.2's --control-plane-api-keys): 401 without it
+
+    def _authorized(self) -> bool:
+        if self.key and self.headers.get("Authorization") != f"Bearer {self.key}":
+            self._send(401, {"error": "unauthorized"})
+            return False
+        return True
 
     def log_message(self, *args):
         pass
@@ -154,6 +161,8 @@ class FakeRouter(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
     def do_GET(self):  # noqa: N802
+        if not self._authorized():
+            return
         if self.path == "/workers":
             self._send(200, {"workers": [{"id": w["id"], "url": u, "is_healthy": self.healthy, "load": 0}
                                          for u, w in self.workers.items()]})
@@ -161,11 +170,15 @@ class FakeRouter(BaseHTTPRequestHandler):
             self._send(404, {"error": "no"})
 
     def do_POST(self):  # noqa: N802
+        if not self._authorized():
+            return
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         self.workers[body["url"]] = {"id": f"id-{len(self.workers)}"}
         self._send(202, {"status": "accepted"})
 
     def do_DELETE(self):  # noqa: N802
+        if not self._authorized():
+            return
         wid = self.path.rsplit("/", 1)[1]
         for url, w in list(self.workers.items()):
             if w["id"] == wid:
@@ -177,6 +190,7 @@ class FakeRouter(BaseHTTPRequestHandler):
 def router():
     FakeRouter.workers = {}
     FakeRouter.healthy = True
+    FakeRouter.key = None
     server = ThreadingHTTPServer(("127.0.0.1", 0), FakeRouter)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{server.server_address[1]}"
@@ -221,7 +235,8 @@ def test_the_router_unit_the_role_renders_is_hardened_and_parsed_back_by_status_
     assert parsed["workers"] == ["http://127.0.9.1:31101", "http://127.0.9.1:31103"]
     assert parsed["argv"][:2] == ["/opt/sglang-router/0.3.2/venv/bin/python",
                                   "/opt/sglang-router/0.3.2/sglang_router_launch.py"]
-    for line in ("User=sglang-router", "NoNewPrivileges=yes", "ProtectSystem=strict", "CapabilityBoundingSet=",
+    for line in ("EnvironmentFile=/etc/sglang/router-31100.env",
+                 "User=sglang-router", "NoNewPrivileges=yes", "ProtectSystem=strict", "CapabilityBoundingSet=",
                  "PrivateDevices=yes", "Restart=always",
                  # 0.3.2 ignores HF_HUB_OFFLINE: its tokenizer lookups go to a closed loopback port, never the Hub.
                  "Environment=HF_ENDPOINT=http://127.0.0.1:9"):
@@ -255,3 +270,36 @@ def test_a_rollback_of_a_config_with_replicas_finds_each_replica_and_its_router(
     assert finder.find(str(state), "one", str(units)) == [{"name": "one", "url": "http://127.0.9.1:30000",
                                                           "router_unit": None, "router_url": None}]
     assert finder.find(str(state), "none", str(units)) == []
+
+
+def test_the_worker_api_is_called_with_the_routers_admin_key_from_its_env_file(router, tmp_path, monkeypatch):
+    """Issue 34: the router answers 401 without its admin key; every call reads it from
+    /etc/sglang/router-<port>.env (as the role's module writes it) and sends it as a bearer token."""
+    FakeRouter.key = 'k3y-"with$odd`chars\\'
+    port = int(router.rsplit(":", 1)[1])
+    with pytest.raises(api.RouterError) as info:
+        api.workers(router)  # no env file: no key
+    assert "answered 401" in str(info.value) and FakeRouter.key not in str(info.value)
+    sys.path.insert(0, str(REPO / "collections" / "ansible_collections" / "sgdeploy" / "host" / "plugins" / "modules"))
+    import sglang_router_env as env_module
+
+    (tmp_path / f"router-{port}.env").write_text(env_module.content({api.CONTROL_KEY_VAR: FakeRouter.key}))
+    monkeypatch.setattr(api, "ENV_DIR", str(tmp_path))
+    monkeypatch.setattr(api.control_key, "__defaults__", (str(tmp_path),))
+    api.add(router, "http://127.0.0.1:31101")
+    ok, listing, _ = api.settle(router, ["http://127.0.0.1:31101"], [], 2)
+    assert ok and list(listing) == ["http://127.0.0.1:31101"]
+    api.remove(router, listing["http://127.0.0.1:31101"]["id"])
+    assert api.workers(router) == {}
+
+
+def test_a_stranger_is_told_apart_from_the_units_engines():
+    listing = {"http://a:1": {"healthy": True}, "http://a:3": {"healthy": False}, "http://evil:9": {"healthy": True}}
+    assert api.compare(listing, ["http://a:1/", "http://a:3", "http://a:5"]) == (
+        ["http://evil:9"], ["http://a:5"], ["http://a:3"])
+
+
+def test_the_router_launcher_refuses_keys_on_the_command_line_and_needs_its_control_key():
+    text = (REPO / "roles" / "sglang_router" / "files" / "sglang_router_launch.py").read_text()
+    assert 'os.environ.pop("SGLANG_ROUTER_CONTROL_KEY", "")' in text
+    assert "args.control_plane_api_keys = [(" in text and "keys come from the environment file, never argv" in text

@@ -589,3 +589,83 @@ def test_the_divergence_rate_rises_with_the_budget_and_only_without_forking():
     assert rate(15) == 0.0 and rate(64, fork=True) == 0.0 and rate(64, hybrid=False) == 0.0
     assert 0 < rate(16) < rate(32) < rate(64) < m.LEAK_RATE
     assert rate(64) == pytest.approx(0.451, abs=0.001)
+
+
+# ------------------------------------------------------------------------------------------------------
+# the target's prefill: input_ids, input log-probabilities, the prefix cache (the exactness self-check's view)
+# ------------------------------------------------------------------------------------------------------
+
+PROMPT = "The capital of France is"
+
+
+def decode_with_ids(sim, max_new: int = 48) -> tuple[list[int], list[int]]:
+    body = {"text": PROMPT, "return_logprob": True, "logprob_start_len": 0, "return_text_in_logprobs": True,
+            "sampling_params": {"temperature": 0, "max_new_tokens": max_new}}
+    a = sim.wait_ready().post("/generate", body).json()
+    return [e[1] for e in a["meta_info"]["input_token_logprobs"]], a["output_ids"]
+
+
+def prefill(sim, ids: list[int], **extra) -> dict:
+    body = {"input_ids": ids, "return_logprob": True, "logprob_start_len": 0, "top_logprobs_num": 2,
+            "return_text_in_logprobs": True, "sampling_params": {"temperature": 0, "max_new_tokens": 1}, **extra}
+    r = sim.post("/generate", body)
+    assert r.status_code == 200, r.text
+    return r.json()["meta_info"]
+
+
+def test_a_prefill_answers_the_targets_own_logprobs_in_sglangs_shape(fleet):
+    prompt_ids, out = decode_with_ids(fleet["ar"])
+    assert len(prompt_ids) == 5  # The, capital, of, France, is
+    meta = prefill(fleet["ar"], prompt_ids + out)
+    chosen, top = meta["input_token_logprobs"], meta["input_top_logprobs"]
+    assert len(chosen) == len(top) == len(prompt_ids) + len(out)
+    assert chosen[0] == [None, prompt_ids[0], " The"] and top[0] is None  # SGLang pads the first position
+    assert [e[1] for e in chosen] == prompt_ids + out
+    # The autoregressive server's answer is the target's top-1 at every position of its own prefill.
+    assert [top[len(prompt_ids) + k][0][1] for k in range(len(out))] == out
+    assert all(chosen[i][0] == top[i][0][0] for i in range(len(prompt_ids), len(chosen)))
+    # The same prompt as text and as token ids is the same prompt.
+    again = fleet["ar"].post("/generate", {"input_ids": prompt_ids,
+                                           "sampling_params": {"temperature": 0, "max_new_tokens": 48}}).json()
+    assert again["output_ids"] == out
+
+
+def test_a_leaking_server_decodes_wrong_tokens_but_prefills_the_targets(fleet):
+    """DDTree budget 64 without forking on a hybrid target: its decode leaves the target's tokens, while a
+    prefill of prompt + its answer (no draft, no tree) shows the target's top-1 at each position, the one the
+    autoregressive server picks after the same prefix."""
+    prompt_ids, out = decode_with_ids(fleet["nofork64"])
+    meta = prefill(fleet["nofork64"], prompt_ids + out)
+    top1 = [meta["input_top_logprobs"][len(prompt_ids) + k][0][1] for k in range(len(out))]
+    wrong = [k for k in range(len(out)) if out[k] != top1[k]]
+    assert len(wrong) >= 8 and wrong[0] >= 1  # the first token comes from the prefill: the target's
+    k = wrong[0]
+    ar = fleet["ar"].post("/generate", {"input_ids": prompt_ids + out[:k],
+                                        "sampling_params": {"temperature": 0, "max_new_tokens": 1}}).json()
+    assert ar["output_ids"] == [top1[k]]
+    gaps = [meta["input_top_logprobs"][len(prompt_ids) + k][0][0] - meta["input_token_logprobs"][len(prompt_ids) + k][0]
+            for k in wrong]
+    assert max(gaps) > 0.3  # not near-ties
+
+
+def test_the_prefix_cache_serves_a_repeat_but_not_a_prefill_from_the_first_token(fleet):
+    sim = fleet["fork64"]
+    prompt_ids, out = decode_with_ids(sim)
+    ids = prompt_ids + out
+    plain = sim.post("/generate", {"input_ids": ids, "sampling_params": {"temperature": 0, "max_new_tokens": 1}})
+    assert plain.json()["meta_info"]["cached_tokens"] == len(ids) - 1  # prompt + answer but its last token
+    assert prefill(sim, ids)["cached_tokens"] == 0  # logprob_start_len 0: nothing from the cache
+    assert prefill(sim, ids, logprob_start_len=len(prompt_ids))["cached_tokens"] == len(prompt_ids)
+    assert prefill(sim, ids, return_logprob=False)["cached_tokens"] == len(ids) - 1
+
+
+@pytest.mark.parametrize("body, words", [
+    ({"text": "x", "input_ids": [1]}, "give either text or input_ids, not both"),
+    ({"input_ids": [1, -2]}, "input_ids must be a non-empty list of token ids"),
+    ({"input_ids": []}, "input_ids must be a non-empty list of token ids"),
+    ({"input_ids": [1, 2], "return_logprob": True, "logprob_start_len": 2}, "logprob_start_len=2 is not allowed"),
+    ({"input_ids": [1, 2], "return_logprob": True, "logprob_start_len": -2}, "logprob_start_len=-2 is not allowed"),
+])
+def test_bad_input_ids_are_400_naming_the_field(fleet, body, words):
+    r = fleet["ar"].wait_ready().post("/generate", {**body, "sampling_params": {"max_new_tokens": 1}})
+    assert r.status_code == 400 and words in r.json()["error"]["message"], r.text

@@ -117,8 +117,55 @@ BAD = [
     ("bad-algorithm", {"speculative": {"algorithm": "EAGLE9"}}, "speculative.algorithm", "NONE, DFLASH, DDTREE"),
     ("bad-backend", {"serving": {"attention_backend": "trtllm_mha"}}, "serving.attention_backend",
      "must be one of"),
-    ("managed-flag-in-extra", {"serving": {"extra_args": ["--port=1234"]}}, "serving.extra_args",
+    ("managed-flag-in-extra", {"serving": {"extra_args": ["--port=1234"]}}, "serving.extra_args[0]",
      "set from the config's own fields"),
+    # Every spelling SGLang 0.5.23's parser takes for a managed field (issue 34): aliases, unique
+    # prefixes (argparse's abbreviations), --flag=value; secrets never on the command line.
+    ("managed-prefix-tp", {"serving": {"extra_args": ["--trust-remote-code", "--tp", "4"]}},
+     "serving.extra_args[1]", "--tp (SGLang reads it as --tp-size) is set from the config's own fields"),
+    ("managed-prefix-tp-equals", {"serving": {"extra_args": ["--tp=4"]}}, "serving.extra_args[0]",
+     "--tp (SGLang reads it as --tp-size)"),
+    ("managed-alias-tensor-parallel", {"serving": {"extra_args": ["--tensor-parallel-size", "4"]}},
+     "serving.extra_args[0]", "--tensor-parallel-size (SGLang reads it as --tp-size)"),
+    ("managed-alias-model", {"serving": {"extra_args": ["--model=/srv/other"]}}, "serving.extra_args[0]",
+     "--model (SGLang reads it as --model-path)"),
+    ("managed-prefix-mem", {"serving": {"extra_args": ["--mem-frac", "0.5"]}}, "serving.extra_args[0]",
+     "SGLang reads it as --mem-fraction-static"),
+    ("managed-prefix-port", {"serving": {"extra_args": ["--po", "1"]}}, "serving.extra_args[0]",
+     "SGLang reads it as --port"),
+    ("managed-prefix-draft", {"serving": {"extra_args": ["--speculative-draft-model", "/x"]}},
+     "serving.extra_args[0]", "set from drafter"),
+    ("api-key-in-extra", {"serving": {"extra_args": ["--api-key", "s3cret"]}}, "serving.extra_args[0]",
+     "a secret never goes on the command line"),
+    ("api-key-equals-in-extra", {"serving": {"extra_args": ["--api-key=s3cret"]}}, "serving.extra_args[0]",
+     "serving.api_key_secret"),
+    ("api-key-prefix-in-extra", {"serving": {"extra_args": ["--api-k", "s3cret"]}}, "serving.extra_args[0]",
+     "--api-k (SGLang reads it as --api-key): a secret"),
+    ("admin-api-key-in-extra", {"serving": {"extra_args": ["--admin-api-key", "s3cret"]}}, "serving.extra_args[0]",
+     "a secret never goes on the command line"),
+    ("config-file-in-extra", {"serving": {"extra_args": ["--config", "/tmp/options.yml"]}}, "serving.extra_args[0]",
+     "a file of options could set any of the managed ones"),
+    # Environment the unit manages, or that changes what code runs, in serving.env.
+    ("env-cuda-visible-devices", {"serving": {"env": {"CUDA_VISIBLE_DEVICES": "1"}}},
+     "serving.env.CUDA_VISIBLE_DEVICES", "set from serving.gpus"),
+    ("env-ld-preload", {"serving": {"env": {"LD_PRELOAD": "/tmp/x.so"}}}, "serving.env.LD_PRELOAD",
+     "may not be set in serving.env: the dynamic loader"),
+    ("env-ld-library-path", {"serving": {"env": {"LD_LIBRARY_PATH": "/tmp"}}}, "serving.env.LD_LIBRARY_PATH",
+     "the dynamic loader"),
+    ("env-pythonpath", {"serving": {"env": {"PYTHONPATH": "/tmp"}}}, "serving.env.PYTHONPATH", "the interpreter"),
+    ("env-pythonhome", {"serving": {"env": {"PYTHONHOME": "/tmp"}}}, "serving.env.PYTHONHOME", "the interpreter"),
+    ("env-hf-hub-offline", {"serving": {"env": {"HF_HUB_OFFLINE": "0"}}}, "serving.env.HF_HUB_OFFLINE",
+     "set by the unit"),
+    ("env-transformers-offline", {"serving": {"env": {"TRANSFORMERS_OFFLINE": "0"}}},
+     "serving.env.TRANSFORMERS_OFFLINE", "never reaches the Hub"),
+    ("env-hf-home", {"serving": {"env": {"HF_HOME": "/tmp/hf"}}}, "serving.env.HF_HOME", "set by the unit"),
+    ("bind-all-without-api-key", {"serving": {"host": "0.0.0.0"}}, "serving.api_key_secret",
+     "required with serving.host 0.0.0.0 (not loopback)"),
+    ("api-key-secret-not-a-name", {"serving": {"api_key_secret": "my key"}}, "serving.api_key_secret",
+     "a key of the inventory's sglang_secret_env"),
+    ("api-key-secret-managed", {"serving": {"api_key_secret": "LD_PRELOAD"}}, "serving.api_key_secret",
+     "that the unit does not manage"),
+    ("env-hf-token", {"serving": {"env": {"HF_TOKEN": "hf_x"}}}, "serving.env.HF_TOKEN", "sglang_secret_env"),
     ("timeout-zero", {"serving": {"start_timeout_s": 0}}, "serving.start_timeout_s", "never gives up"),
     ("fork-on-pure-attention", {"model": {"recurrent_layers": False}}, "speculative.state_forking",
      "only for models with recurrent layers"),
@@ -286,3 +333,69 @@ def test_budget_memory_rule_needs_the_request_count(tmp_path):
 def test_budget_memory_rule_needs_a_known_model_shape(tmp_path):
     result = _forking_case(tmp_path, {"model": {"path": "Example/Unknown-Hybrid"}})
     assert result.returncode == 2 and "not known to sgdeploy.budget" in result.stderr
+
+
+def test_extra_args_that_set_nothing_managed_pass():
+    """Values, negative numbers and flags SGLang reads as other fields stay allowed."""
+    cfg = _patched(BASE, {"serving": {"extra_args": ["--chunked-prefill-size", "-1", "--trust-remote-code",
+                                                     "--context-length=8192", "--enable-metrics"]}})
+    config = spec.validate(cfg, Path("x.yml"), "x")
+    assert config.serving.extra_args[:2] == ("--chunked-prefill-size", "-1")
+
+
+@pytest.mark.parametrize("name,allowed", [
+    ("router-31200", "names starting with 'router-' are the routers' (sglang-router-<port>.service)"),
+    ("ddtree-b15-r0", "names ending in -r<number> are the replicas'"),
+    ("a" * 250, "at most 200 characters (250 given)"),
+])
+def test_config_names_that_collide_or_do_not_fit_a_unit_name_are_refused(name, allowed, tmp_path):
+    path = tmp_path / f"{name}.yml"
+    path.write_text(BASE)
+    result = run_cli("config", str(path))
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.splitlines() == [f"{path}: name: {name!r}: {allowed}" + result.stderr.split(allowed, 1)[1]
+                                          .splitlines()[0]], result.stderr
+
+
+def test_the_longest_allowed_name_fits_a_unit_name_with_room_for_temporary_files():
+    longest = f"sglang-{'a' * spec.MAX_NAME}-r{spec.MAX_REPLICAS - 1}.service"
+    assert len(longest) + len(".ansible_tmp") + 8 <= 255
+
+
+def test_flag_resolution_follows_sglangs_parser():
+    """The committed table (sgdeploy/sglang_flags.json, checked against the wheel by the slow
+    test_sglang_flags.py) resolves as argparse does: exact option strings, aliases, unique prefixes."""
+    from sgdeploy import sglang_flags
+
+    assert sglang_flags.resolve("--tp-size") == ("--tp-size", {"tp_size"})
+    assert sglang_flags.resolve("--tensor-parallel-size=2") == ("--tensor-parallel-size", {"tp_size"})
+    assert sglang_flags.resolve("--tp") == ("--tp", {"tp_size"})
+    assert sglang_flags.resolve("--model") == ("--model", {"model_path"})
+    assert sglang_flags.resolve("--speculative-ddtree-b") == ("--speculative-ddtree-b", {"speculative_ddtree_budget"})
+    assert "api_key" in sglang_flags.resolve("--api")[1]
+    assert sglang_flags.resolve("--no-such-flag-at-all") == ("--no-such-flag-at-all", set())
+
+
+def test_a_config_with_an_api_key_round_trips_through_make_config(tmp_path):
+    path = tmp_path / "keyed.yml"
+    path.write_text("extends: ddtree-b15\nserving: {host: 0.0.0.0, api_key_secret: SGLANG_ENGINE_KEY}\n")
+    result = run_cli("config", str(path))
+    assert result.returncode == 0, result.stderr
+    again = tmp_path / "again.yml"
+    again.write_text(result.stdout)
+    assert spec.load(again).serving == spec.load(path).serving
+    assert spec.load(again).serving.api_key_secret == "SGLANG_ENGINE_KEY"
+
+
+def test_the_patched_flags_are_the_series_own_fields():
+    """sgdeploy.sglang_flags.PATCHED_FLAGS (not in the pristine table) are exactly the DDTree fields the
+    patch series adds to ServerArgs (their option strings are the field names with '-')."""
+    import re
+
+    from sgdeploy import sglang_flags
+
+    text = "".join(p.read_text() for p in (REPO / "patches" / "sglang").rglob("*") if p.is_file()
+                   and p.suffix in (".patch", ".py"))
+    fields = set(re.findall(r"^\+?\s+(speculative_ddtree_[a-z_]+): A\[", text, re.M))
+    assert fields == set(sglang_flags.PATCHED_FLAGS.values())
+    assert all(opt == "--" + dest.replace("_", "-") for opt, dest in sglang_flags.PATCHED_FLAGS.items())

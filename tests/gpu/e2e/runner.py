@@ -347,7 +347,22 @@ def gates(server: ServerProc, min_accept: float | None = None, accept_from: str 
            "min_accept_from": accept_from}
     if {"exactness", "exactness_reference"} & set(e["tags"]):
         out["exactness_answers"] = exactness_answers(url)
+    if "exactness" in e["tags"]:
+        out["self_check"] = self_check(url, mapping.get("exactness_tie_tolerance", 0.1))
     return out
+
+
+def self_check(url: str, tolerance: float) -> dict:
+    """The exactness gate without a reference (the product's own code, sgdeploy.exactness.self_check): the server's
+    greedy answers against its target's own prefill, every token by the near-tie rule."""
+    from sgdeploy import exactness
+
+    t = time.time()
+    try:
+        v = exactness.self_check(url, tolerance=tolerance, concurrency=CONCURRENCY, timeout=240)
+    except Exception as err:  # noqa: BLE001
+        return {"error": f"{type(err).__name__}: {str(err)[:300]}"}
+    return {"verdict": v.verdict, "reason": v.reason, "wall_s": round(time.time() - t, 2)}
 
 
 def sweep_bench(url: str) -> dict:
@@ -375,12 +390,17 @@ def sweep_report(servers: dict, results: dict, out: Path) -> None:
         e = s.entry
         ok = b["completed"] > 0 and b["accept_length_mean"] is not None
         v = verdicts.get(n, {})
+        rep = (results.get(n, {}).get("gates") or {}).get("report") or {}
+        gates_ = {g["gate"]: {"verdict": g["verdict"], "value": g.get("value")} for g in rep.get("gates", [])}
+        gates_["exactness"] = {"verdict": v.get("verdict"), "reason": v.get("reason")}
+        failed = [g for g, x in gates_.items() if x["verdict"] == "fail"]
         rows.append(report.variant_row(
             e["budget"], e["topk_cap"], accept_length_mean=b["accept_length_mean"],
             accept_length_sd=b["accept_length_stdev"], tokens_per_s=b["tokens_per_s"] if ok else None,
             step_time_ms=b["step_time_ms_mean"], requests=b["requests"], failures=b["failed"],
             status="ok" if ok else "failed", error=None if ok else "no completed request", config=e["config"],
-            reproduce_state_leak=not e["state_forking"],
+            reproduce_state_leak=not e["state_forking"], leaks=not e["state_forking"] and e["budget"] > 15,
+            gates=gates_, gates_failed=failed,
             exactness={"verdict": v.get("verdict"), "reason": v.get("reason")} if v else None))
     if not rows:
         results["sweep"] = {"error": "no sweep rows"}
@@ -592,6 +612,10 @@ def summary_lines(results: dict) -> list[str]:
         lines.append(" | ".join(str(x) for x in parts))
     for name, v in (results.get("exactness") or {}).get("verdicts", {}).items():
         lines.append(f"exactness {name}: {v['verdict']}: {v.get('reason')}")
+    for name, r in results.items():
+        sc = (r.get("gates") or {}).get("self_check") if isinstance(r, dict) else None
+        if sc:
+            lines.append(f"exactness self-check {name}: {sc.get('verdict') or sc.get('error')}: {sc.get('reason')}")
     if results.get("accept_minimum"):
         lines.append(f"acceptance minimum: {results['accept_minimum']}")
     if results.get("sweep"):

@@ -20,6 +20,7 @@ from typing import Any
 from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_gate_bench as bench
 from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_gate_exactness as exactness
 from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_gate_http as serving
+from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_gate_selfcheck as selfcheck
 
 PASS, FAIL, INCONCLUSIVE = "pass", "fail", "inconclusive"
 GATES = ("smoke", "throughput", "acceptance")  # the gates of a record's "gates" list
@@ -318,31 +319,45 @@ def _exact(verdict: str, reason: str, value: float | None, thresholds: GateThres
 
 def exactness_gate(base_url: str, thresholds: GateThresholds, target: ExactnessTarget,
                    timeout: float = 600.0) -> GateResult:
-    """A speculative candidate against the reference of its model (sglang_gate_exactness)."""
-    if target.identity is None:
-        return _exact(INCONCLUSIVE, "the deploy description names no target model: no reference to compare with",
-                      None, thresholds)
-    path = exactness.reference_path(target.references_dir, target.identity)
-    label = target.identity["label"]
-    if not path.is_file():
-        return _exact(INCONCLUSIVE, f"no reference outputs for {label} on this host yet ({path}): "
-                      f"{target.how_to_make()}", None, thresholds, reference_path=str(path))
+    """A speculative candidate against the recorded reference of its model (the autoregressive server's
+    answers, sglang_gate_exactness) when there is a usable one; otherwise against the target's own prefill on
+    the same server (sglang_gate_selfcheck). Either way the verdict is pass or fail; inconclusive only when
+    requests failed. ``gates.exactness_require_reference`` refuses the self-check (fail, saying why)."""
+    path = None if target.identity is None else exactness.reference_path(target.references_dir, target.identity)
+    where = {} if path is None else {"reference_path": str(path)}
     prompts = exactness.load_prompts()
-    try:
-        reference = exactness.read_reference(path)
-    except exactness.ExactnessError as err:
-        return _exact(INCONCLUSIVE, f"{err}: {target.how_to_make()}", None, thresholds, reference_path=str(path))
-    why = exactness.comparable(reference, prompts)
-    if why:
-        return _exact(INCONCLUSIVE, f"{why}: {target.how_to_make()}", None, thresholds, reference_path=str(path))
+    if target.identity is None:
+        missing = "the deploy description names no target model, so there is no reference to compare with"
+    elif not path.is_file():
+        missing = f"no reference outputs for {target.identity['label']} on this host yet ({path})"
+    else:
+        try:
+            reference = exactness.read_reference(path)
+            missing = exactness.comparable(reference, prompts)
+        except exactness.ExactnessError as err:
+            missing = str(err)
+        if missing is None:
+            return _against_reference(base_url, thresholds, reference, prompts, timeout, where)
+    if thresholds.exactness_require_reference:
+        return _exact(FAIL, f"{missing}; gates.exactness_require_reference is true, so the check against the "
+                      f"target's own prefill is not enough: {target.how_to_make()}", None, thresholds,
+                      method="none", **where)
+    v = selfcheck.self_check(base_url, prompts, thresholds.exactness_tie_tolerance, thresholds.exactness_concurrency,
+                             timeout)
+    return _exact(v.verdict, f"{v.reason} (self-check: {missing})", None if v.equal is None else float(v.equal),
+                  thresholds, reference_missing=missing, **where, **v.details)
+
+
+def _against_reference(base_url: str, thresholds: GateThresholds, reference: dict, prompts: list,
+                       timeout: float, where: dict) -> GateResult:
     outputs, errors = exactness.collect(base_url, prompts, thresholds.exactness_concurrency, timeout,
                                         top_needed=False)
     if errors:
         return _exact(INCONCLUSIVE, f"{len(errors)} of {len(prompts)} exactness requests failed: {errors[0]}",
-                      None, thresholds, errors=errors[:5], reference_path=str(path))
+                      None, thresholds, method="reference", errors=errors[:5], **where)
     v = exactness.compare(reference, [o for o in outputs if o], thresholds.exactness_tie_tolerance)
     return _exact(v.verdict, v.reason, None if v.equal is None else float(v.equal), thresholds,
-                  reference_path=str(path), **v.details)
+                  method="reference", **where, **v.details)
 
 
 def record_reference(base_url: str, thresholds: GateThresholds, target: ExactnessTarget,
@@ -351,8 +366,8 @@ def record_reference(base_url: str, thresholds: GateThresholds, target: Exactnes
     reference of its model, atomically. The verdict is pass (it is the target), or inconclusive when
     no reference could be recorded."""
     if target.identity is None:
-        return _exact(INCONCLUSIVE, "the deploy description names no target model: no reference recorded",
-                      None, thresholds)
+        return _exact(PASS, "not speculative (the target itself); no reference recorded: the deploy description "
+                      "names no target model", None, thresholds)
     prompts = exactness.load_prompts()
     outputs, errors = exactness.collect(base_url, prompts, thresholds.exactness_concurrency, timeout)
     if errors:
@@ -395,15 +410,21 @@ class GateReport:
 
     @property
     def exactness_blocks(self) -> bool:
-        """A failed exactness gate blocks; an inconclusive one only with gates.exactness_require_reference."""
+        """A failed exactness gate blocks; an inconclusive one too unless gates.exactness_inconclusive is warn."""
         e = self.exactness
         if e is None or not self.exactness_enforced:
             return False
-        return e.verdict == FAIL or (e.verdict == INCONCLUSIVE and self.thresholds.exactness_require_reference)
+        return e.verdict == FAIL or (e.verdict == INCONCLUSIVE and self.thresholds.exactness_inconclusive != "warn")
 
     @property
     def passed(self) -> bool:
+        """Nothing blocks: every selected gate passed and exactness passed or does not block. ``all_passed``
+        says whether every verdict, exactness included, is pass."""
         return bool(self.results) and all(r.passed for r in self.results) and not self.exactness_blocks
+
+    @property
+    def all_passed(self) -> bool:
+        return self.passed and (self.exactness is None or self.exactness.passed)
 
     @property
     def failed_gates(self) -> list[str]:
@@ -411,30 +432,46 @@ class GateReport:
         failed = {r.gate for r in self.results if not r.passed} | ({"exactness"} if self.exactness_blocks else set())
         return [g for g in ALL_GATES if g in failed]
 
+    def _why_not_blocking(self) -> str:
+        if not self.exactness_enforced:
+            return "recorded, does not block: report only"
+        return "recorded, does not block: gates.exactness_inconclusive is warn"
+
     def summary(self) -> str:
         """One line per gate, for people (exactness after smoke)."""
         lines = [r.line() for r in self.results]
         if self.exactness is not None:
             line = self.exactness.line()
             if self.exactness.verdict != PASS and not self.exactness_blocks:
-                line += " (recorded, does not block)"
+                line += f" ({self._why_not_blocking()})"
             lines.insert(1 if self.results and self.results[0].gate == "smoke" else 0, line)
         return "\n".join(lines)
 
+    def verdict_line(self) -> str:
+        """``gates passed`` only when every verdict is pass; a verdict that did not pass and does not block is
+        named, never summarised as passed."""
+        if not self.passed:
+            return f"gates failed: {', '.join(self.failed_gates)}"
+        if self.all_passed:
+            return "gates passed"
+        return (f"gates not all passed, none blocks: exactness {self.exactness.verdict.upper()} "
+                f"({self._why_not_blocking()})")
+
     def lines(self) -> list[str]:
-        """What people read: one line per gate, the bench line, then ``gates passed`` or ``gates failed: ...``."""
+        """What people read: one line per gate, the bench line, then the verdict line (``verdict_line``)."""
         lines = self.summary().splitlines()
         if self.bench:
             lines.append(f"bench      {self.bench.summary()}")
         if self.peer_bench:
             lines.append(f"same window, old replica {self.peer_bench.url}: {self.peer_bench.summary()}")
-        lines.append("gates passed" if self.passed else f"gates failed: {', '.join(self.failed_gates)}")
+        lines.append(self.verdict_line())
         return lines
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "schema": 1, "url": self.url, "speculative": self.speculative, "passed": self.passed,
-            "failed_gates": self.failed_gates, "gates": [r.to_dict() for r in self.results],
+            "all_passed": self.all_passed, "verdict_line": self.verdict_line(), "failed_gates": self.failed_gates,
+            "gates": [r.to_dict() for r in self.results],
             "exactness": self.exactness.to_dict() if self.exactness else None,
             "bench": self.bench.to_dict() if self.bench else None, "baseline": self.baseline,
             "same_window": _same_window_record(self.peer_bench),

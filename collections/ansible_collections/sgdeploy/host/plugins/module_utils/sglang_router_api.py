@@ -8,14 +8,82 @@
 - ``GET /health`` (the router itself), ``GET /readiness`` (200 once a healthy worker is registered)
 
 The 0.2-era ``/add_worker``, ``/remove_worker`` and ``/list_workers`` answer 404 in this version.
+
+The worker API is the router's control plane: it answers 401 without the admin key the role made on
+the host (``SGLANG_ROUTER_CONTROL_KEY`` in ``/etc/sglang/router-<port>.env``, 0640
+root:sglang-router; 0.3.2's ``--control-plane-api-keys``). Every call here sends it as
+``Authorization: Bearer``, read from that file by port (these run on the host as root); it is never
+returned, logged or put in an error message.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import re
 import time
+import urllib.error
+import urllib.parse
+import urllib.request
 
-from ansible_collections.sgdeploy.host.plugins.module_utils.sglang_deploy_health import http
+ENV_DIR = "/etc/sglang"
+CONTROL_KEY_VAR = "SGLANG_ROUTER_CONTROL_KEY"
+API_KEY_VAR = "SGLANG_ROUTER_API_KEY"
+
+
+def env_file(port, env_dir=ENV_DIR):
+    """The router's environment file (its keys), by its port."""
+    return os.path.join(env_dir, f"router-{int(port)}.env")
+
+
+def read_env(path):
+    """{NAME: value} of an environment file the role wrote (NAME="value" lines); {} when missing."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return read_env_text(fh.read())
+    except FileNotFoundError:
+        return {}
+
+
+def read_env_text(text):
+    """{NAME: value} of an environment file's text (NAME="value" lines, as the role writes them)."""
+    out = {}
+    for line in text.splitlines():
+        if "=" not in line or line.lstrip().startswith("#"):
+            continue
+        name, value = line.split("=", 1)
+        value = value.strip()
+        if len(value) >= 2 and value[0] == value[-1] == '"':
+            value = re.sub(r"\\(.)", r"\1", value[1:-1])
+        out[name.strip()] = value
+    return out
+
+
+def control_key(router_url, env_dir=ENV_DIR):
+    """The admin key of the router at ``router_url`` (by its port), or None when its file has none."""
+    port = urllib.parse.urlsplit(router_url).port
+    if port is None:
+        return None
+    return read_env(env_file(port, env_dir)).get(CONTROL_KEY_VAR) or None
+
+
+def http(method, url, body=None, timeout=5.0, key=None):
+    """(status, body bytes); raises OSError when nothing answers. ``key``: sent as a bearer token."""
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method=method)
+    if data is not None:
+        req.add_header("Content-Type", "application/json")
+    if key:
+        req.add_header("Authorization", f"Bearer {key}")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read() or b""
+
+
+def _key(router_url, key):
+    return control_key(router_url) if key is None else key
 
 
 class RouterError(Exception):
@@ -26,12 +94,16 @@ def _norm(url):
     return url.rstrip("/")
 
 
-def workers(router_url, timeout=5.0):
-    """{worker url: {"id", "healthy", "load"}} as the router lists them."""
+def workers(router_url, timeout=5.0, key=None):
+    """{worker url: {"id", "healthy", "load"}} as the router lists them (``key``: the router's admin key;
+    None reads it from the router's environment file)."""
     try:
-        status, body = http("GET", _norm(router_url) + "/workers", timeout=timeout)
+        status, body = http("GET", _norm(router_url) + "/workers", timeout=timeout, key=_key(router_url, key))
     except OSError as exc:
         raise RouterError(f"router {router_url} does not answer: {exc}") from None
+    if status in (401, 403):
+        raise RouterError(f"router {router_url}: GET /workers answered {status}: the router's admin key "
+                          f"({CONTROL_KEY_VAR} in its environment file) is missing or not the one it runs with")
     if status != 200:
         raise RouterError(f"router {router_url}: GET /workers answered {status}")
     try:
@@ -42,9 +114,10 @@ def workers(router_url, timeout=5.0):
             for w in listed}
 
 
-def add(router_url, worker_url, timeout=5.0):
+def add(router_url, worker_url, timeout=5.0, key=None):
     try:
-        status, body = http("POST", _norm(router_url) + "/workers", {"url": _norm(worker_url)}, timeout=timeout)
+        status, body = http("POST", _norm(router_url) + "/workers", {"url": _norm(worker_url)}, timeout=timeout,
+                            key=_key(router_url, key))
     except OSError as exc:
         raise RouterError(f"router {router_url} does not answer: {exc}") from None
     if status not in (200, 201, 202):
@@ -52,23 +125,24 @@ def add(router_url, worker_url, timeout=5.0):
                           f"{body[:200].decode(errors='replace')}")
 
 
-def remove(router_url, worker_id, timeout=5.0):
+def remove(router_url, worker_id, timeout=5.0, key=None):
     try:
-        status, _ = http("DELETE", _norm(router_url) + "/workers/" + worker_id, timeout=timeout)
+        status, _ = http("DELETE", _norm(router_url) + "/workers/" + worker_id, timeout=timeout,
+                         key=_key(router_url, key))
     except OSError as exc:
         raise RouterError(f"router {router_url} does not answer: {exc}") from None
     if status not in (200, 202, 204, 404):
         raise RouterError(f"router {router_url}: removing worker {worker_id} answered {status}")
 
 
-def settle(router_url, present, absent, timeout_s, poll_s=0.5):
+def settle(router_url, present, absent, timeout_s, poll_s=0.5, key=None):
     """Wait until every URL of ``present`` is listed and healthy and none of ``absent`` is listed.
     Returns (ok, listing, detail)."""
     deadline = time.monotonic() + timeout_s
     present = [_norm(u) for u in present]
     absent = [_norm(u) for u in absent]
     while True:
-        listing = workers(router_url)
+        listing = workers(router_url, key=key)
         missing = [u for u in present if not listing.get(u, {}).get("healthy")]
         left = [u for u in absent if u in listing]
         if not missing and not left:
@@ -115,3 +189,13 @@ def router_units(unit_dir=UNIT_DIR):
         with open(path, encoding="utf-8") as fh:
             out.append({"unit": os.path.basename(path), **parse_router_unit(fh.read())})
     return out
+
+
+def compare(listing, expected):
+    """What the router lists against what its unit says it fronts: (strangers, missing, unhealthy) URLs.
+    A stranger is a worker nobody deployed (someone added it through the API): never expected."""
+    expected = [_norm(u) for u in expected]
+    strangers = sorted(u for u in listing if u not in expected)
+    missing = [u for u in expected if u not in listing]
+    unhealthy = [u for u in expected if u in listing and not listing[u]["healthy"]]
+    return strangers, missing, unhealthy

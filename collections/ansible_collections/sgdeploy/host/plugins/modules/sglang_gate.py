@@ -7,9 +7,10 @@ module: sglang_gate
 short_description: Run the deploy gates (smoke, exactness, throughput, acceptance) against a running service
 description:
   - Smoke first; when it fails, the other gates are inconclusive and no bench runs. Then, for a speculative
-    config, the exactness gate against the reference of its model in O(references_dir); then one bench run
-    shared by the throughput and acceptance gates. A non-speculative config whose gates all passed records
-    the reference of its model instead (docs/gates.md).
+    config, the exactness gate against the reference of its model in O(references_dir), or, with no usable
+    reference there, against the target's own prefill on the same server; then one bench run shared by the
+    throughput and acceptance gates. A non-speculative config whose gates all passed records the reference
+    of its model instead (docs/gates.md).
   - The baseline is the last good deploy of O(config) on O(host) in O(records_dir); with O(peer_url), also
     the old replica's bench measured in the same window.
   - The same code as the controller's C(sgdeploy gate) (module_utils C(sglang_gate)).
@@ -52,7 +53,11 @@ options:
 """
 
 RETURN = r"""
-passed: {description: Every selected gate passed (and exactness does not block)., returned: success, type: bool}
+passed: {description: Nothing blocks (every selected gate passed; exactness passed or does not block).,
+         returned: success, type: bool}
+all_passed: {description: Every verdict is pass, exactness included., returned: success, type: bool}
+verdict_line: {description: "C(gates passed) only when every verdict is pass; else names what did not pass.",
+               returned: success, type: str}
 failed_gates: {description: Gates whose verdict is not pass, in order., returned: success, type: list}
 summary: {description: One line per gate, a bench line and the verdict line., returned: success, type: list}
 report: {description: The gate report (docs/gates.md, "Gate report")., returned: success, type: dict}
@@ -81,7 +86,8 @@ def main():
     )
     p = module.params
     if module.check_mode:
-        module.exit_json(changed=False, passed=None, failed_gates=[], summary=["check mode: no gates run"],
+        module.exit_json(changed=False, passed=None, all_passed=None, verdict_line="check mode: no gates run",
+                         failed_gates=[], summary=["check mode: no gates run"],
                          report=None, baseline_path=None)
     thresholds = gates.GateThresholds(p["thresholds"])
     found = None
@@ -105,7 +111,8 @@ def main():
             module.fail_json(msg="gates: cannot write the report {}: {}".format(p["report_path"], err.strerror or err),
                              report=data)
     recorded = bool(report.exactness and report.exactness.details.get("recorded"))
-    module.exit_json(changed=recorded, passed=report.passed, failed_gates=report.failed_gates,
+    module.exit_json(changed=recorded, passed=report.passed, all_passed=report.all_passed,
+                     verdict_line=report.verdict_line(), failed_gates=report.failed_gates,
                      summary=report.lines(), report=data, baseline_path=str(found[0]) if found else None)
 
 
