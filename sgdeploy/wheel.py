@@ -9,7 +9,9 @@ Steps: decide patched or stock (patches/sglang/series), compute the release labe
 wheel (patches/sglang/upstream.yml, sha256-checked) into build/downloads, lay the files of
 patches/sglang/src/ over it (new files only), apply the diffs in series order (each one checked
 before it is applied), set the version to `0.5.23+<label>`, regenerate RECORD and write a
-deterministic zip atomically.
+deterministic zip atomically, with its sha256 recorded next to it (`<wheel>.sha256`). A wheel
+found already built must still have that digest: one changed after its build is refused (the
+deploy checks it again on the controller before the upload and on the host before the install).
 
 Exit status: 0 built or up to date, 1 the build failed, 2 bad arguments.
 """
@@ -450,6 +452,26 @@ def write_wheel(zf: zipfile.ZipFile, entries: dict[str, Entry], dist_info: str, 
     return sha256_file(dest)
 
 
+def digest_file(wheel: Path) -> Path:
+    """Where the build records the wheel's sha256: `<wheel>.sha256`."""
+    return wheel.with_name(wheel.name + ".sha256")
+
+
+def recorded_sha256(wheel: Path) -> str:
+    """The sha256 recorded when `wheel` was built, checked against the file; raises BuildError when the
+    wheel changed since. A wheel built before digests were recorded gets its digest recorded now."""
+    actual = sha256_file(wheel)
+    record = digest_file(wheel)
+    if not record.is_file():
+        record.write_text(actual + "\n")
+        return actual
+    recorded = record.read_text().strip()
+    if actual != recorded:
+        raise BuildError(f"wheel {wheel}: sha256 {actual} is not {recorded}, the digest recorded at its build "
+                         f"({record}); it changed after the build: delete both files to build it again")
+    return recorded
+
+
 def build(
     patches: Sequence[Patch],
     python: str = DEFAULT_PYTHON,
@@ -470,7 +492,7 @@ def build(
         features=patchset.features_of(patches), patches=tuple(p.name for p in patches),
     )  # fmt: skip
     if dest.is_file():
-        return BuildResult(**result, sha256=sha256_file(dest), built=False)
+        return BuildResult(**result, sha256=recorded_sha256(dest), built=False)
     names = ", ".join(p.name for p in patches) or "none"
     log(f"building {pins.package} {version} for Python {python} (patches: {names})")
     upstream = fetch_upstream(pins, pin, Path(downloads), index_url, log)
@@ -482,6 +504,7 @@ def build(
         entries, dist_info = set_version(zf, entries, Path(tmp), pins.package, pins.version, version)
         dest.parent.mkdir(parents=True, exist_ok=True)
         sha = write_wheel(zf, entries, dist_info, dest)
+    digest_file(dest).write_text(sha + "\n")
     log(f"wrote {dest} (sha256 {sha})")
     return BuildResult(**result, sha256=sha, built=True)
 

@@ -6,7 +6,9 @@ For each config whose `/var/lib/sglang-deploy/<config>/current.json` is on the h
 the release it names is installed and patched for the config, the unit is enabled, active and runs as
 the service user its current.json names (`sglang` by default) with `HF_HUB_OFFLINE=1`, the service port
 is bound to the configured address only, the
-environment file (secrets) is 0640 root:<service group>, and the newest deploy record is green. Every check
+environment file (secrets) is 0640 root:<service group>, the unit and env file are the ones the deploy
+installed (no drift: the digests current.json recorded), the model weights match the checksums recorded when
+they were fetched (every file is read), and the newest deploy record is green. Every check
 looks at all the configs of the host and reports every problem it finds, one line each.
 """
 
@@ -187,6 +189,76 @@ def test_env_file_is_0640_root_sglang(host, deployments):
         if (f.mode, f.user, f.group) != (0o640, "root", d.service_user):
             problems.append(f"{d}: {d.env_file} is {f.mode:04o} {f.user}:{f.group}, expected 0640 "
                             f"root:{d.service_user} (it may hold secrets)")
+    report(problems)
+
+
+def test_unit_and_env_file_are_what_the_deploy_installed(host, deployments):
+    """Drift: a unit or env file edited by hand since the deploy (the digests its commit recorded in
+    current.json), or a unit that is not 0644 root:root. The next deploy puts them right."""
+    problems = []
+    for d in deployments:
+        unit = f"/etc/systemd/system/{d.unit}"
+        for path, key in ((unit, "unit_sha256"), (d.env_file, "env_sha256")):
+            f = host.file(path)
+            if not f.exists:
+                problems.append(f"{d}: {path} is missing")
+                continue
+            want = d.current.get(key)
+            if want and f.sha256sum != want:
+                problems.append(f"{d}: {path} was edited by hand since the deploy (its sha256 is not the one "
+                                f"{d.state_dir}/current.json recorded); the next deploy puts it right")
+        f = host.file(unit)
+        if f.exists and (f.mode, f.user, f.group) != (0o644, "root", "root"):
+            problems.append(f"{d}: {unit} is {f.mode:04o} {f.user}:{f.group}, expected 0644 root:root")
+    report(problems)
+
+
+# Run on the host with python3: every file of a model folder's marker (written when it was first fetched
+# or copied) against its sha256 (or, for small hf files, its git blob id). Prints one line per problem.
+CHECK_MANIFEST = r"""
+import hashlib, json, os, sys
+folder = sys.argv[1]
+try:
+    marker = json.load(open(os.path.join(folder, ".sgdeploy-complete.json")))
+except (OSError, ValueError):
+    print(f"{folder}: no readable .sgdeploy-complete.json (its manifest)"); sys.exit(0)
+for f in marker.get("files", []):
+    path = os.path.join(folder, f["name"])
+    if not os.path.isfile(path):
+        print(f"{path}: missing"); continue
+    if "sha256" in f:
+        h, want = hashlib.sha256(), f["sha256"]
+    elif "blob_id" in f:
+        h, want = hashlib.sha1(b"blob %d\0" % os.path.getsize(path)), f["blob_id"]
+    else:
+        continue
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    if h.hexdigest() != want:
+        print(f"{path}: checksum {h.hexdigest()} is not {want}, the one recorded when it was fetched")
+"""
+
+
+def model_folders(host, unit: str) -> list[str]:
+    """The unit's --model-path and --speculative-draft-model-path."""
+    argv = host.run(f"systemctl show -p ExecStart --value {shlex.quote(unit)}").stdout
+    words = argv.replace(";", " ").split()
+    return [words[i + 1] for i, w in enumerate(words[:-1])
+            if w in ("--model-path", "--speculative-draft-model-path")]
+
+
+def test_model_weights_match_the_checksums_recorded_at_their_fetch(host, deployments):
+    """A weight file corrupted in place (same size) is named: every file of the folder's marker is hashed."""
+    problems = []
+    for d in deployments:
+        for folder in model_folders(host, d.unit):
+            if not host.file(f"{folder}/.sgdeploy-complete.json").exists:
+                continue  # source: path (the operator's own folder; docs/models.md)
+            out = host.run(f"python3 -c {shlex.quote(CHECK_MANIFEST)} {shlex.quote(folder)}")
+            problems += [f"{d}: {line}" for line in out.stdout.splitlines() if line.strip()]
+            if out.rc != 0:
+                problems.append(f"{d}: {folder}: the checksum check failed: {out.stderr.strip()[-300:]}")
     report(problems)
 
 

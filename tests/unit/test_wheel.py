@@ -102,8 +102,8 @@ def test_build_carries_label_in_name_and_version(built, synthetic):
     assert built.patches == ("0001-ddtree.patch", "0002-fork.patch")
     assert built.features == ("ddtree", "fork")
     assert wheel.sha256_file(built.wheel) == built.sha256
-    # Nothing but the wheel in the output directory (no temp files left behind).
-    assert sorted(p.name for p in built.wheel.parent.iterdir()) == [built.wheel.name]
+    # Nothing but the wheel and its recorded sha256 in the output directory (no temp files left behind).
+    assert sorted(p.name for p in built.wheel.parent.iterdir()) == [built.wheel.name, built.wheel.name + ".sha256"]
 
 
 def test_record_hashes_verify(built):
@@ -338,3 +338,27 @@ def test_patch_work_and_patch_diff_round_trip(synthetic, downloads, tmp_path):
     (tree / "sglang" / "brand_new.py").write_text("X = 1\n")
     with pytest.raises(wheel.BuildError, match=r"brand_new.py is a new file: put it in .*/src/sglang/brand_new.py"):
         patchwork.diff(series, "0001-ddtree", work, downloads, pins=PINS, log=quiet)
+
+
+def test_a_wheel_changed_after_its_build_is_refused_naming_both_digests(built, synthetic, tmp_path):
+    """Issue 34 item 5: the build records the wheel's sha256 next to it; a changed wheel is not used."""
+    out = tmp_path / "wheels"
+    out.mkdir()
+    copy = out / built.wheel.name
+    copy.write_bytes(built.wheel.read_bytes())
+    (out / (built.wheel.name + ".sha256")).write_text(built.sha256 + "\n")
+    args = ["--features", "ddtree,fork", "--patches-dir", str(synthetic), "--out", str(out), "--json"]
+    ok = cli(*args)
+    assert ok.returncode == 0 and json.loads(ok.stdout)["sha256"] == built.sha256, ok.stderr
+    with copy.open("ab") as f:
+        f.write(b"\0")
+    tampered = wheel.sha256_file(copy)
+    bad = cli(*args)
+    assert bad.returncode == 1 and bad.stdout == ""
+    line = bad.stderr.strip()
+    assert "\n" not in line and "Traceback" not in line
+    assert str(copy) in line and tampered in line and built.sha256 in line and "recorded at its build" in line
+
+
+def test_a_build_records_the_wheels_sha256_next_to_it(built):
+    assert (built.wheel.parent / (built.wheel.name + ".sha256")).read_text().strip() == built.sha256

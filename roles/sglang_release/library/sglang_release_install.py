@@ -22,6 +22,10 @@ options:
   release_dir: {type: path, required: true, description: The release directory (C(<root>/<label>)).}
   wheel: {type: path, required: true, description: The wheel file on the host.}
   label: {type: str, required: true, description: The release label.}
+  wheel_sha256:
+    type: str
+    default: ""
+    description: The sha256 recorded at the wheel's build; a wheel on the host with another digest is refused.
   patches: {type: list, elements: str, default: [], description: Patch file names, in order.}
   features: {type: list, elements: str, default: [], description: Patch features.}
   python: {type: path, default: /usr/bin/python3, description: Interpreter the venv is made from.}
@@ -78,6 +82,7 @@ def main():
             release_dir=dict(type="path", required=True),
             wheel=dict(type="path", required=True),
             label=dict(type="str", required=True),
+            wheel_sha256=dict(type="str", default=""),
             patches=dict(type="list", elements="str", default=[]),
             features=dict(type="list", elements="str", default=[]),
             python=dict(type="path", default="/usr/bin/python3"),
@@ -108,6 +113,9 @@ def main():
         module.fail_json(msg="installer=uv but uv is not on the host (allowed: auto, uv, pip)")
     installer = "uv" if uv and p["installer"] != "pip" else "pip"
     sha = module.sha256(wheel)
+    if p["wheel_sha256"] and sha != p["wheel_sha256"].lower():
+        module.fail_json(msg=f"wheel {wheel} on the host: sha256 {sha} is not {p['wheel_sha256']}, the digest recorded "
+                             "at its build; it changed after the build: nothing was installed")
 
     current = read_json(record_path)
     if (

@@ -4,8 +4,11 @@
 from __future__ import annotations
 
 import glob
+import grp
 import hashlib
 import os
+import pwd
+import re
 
 from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_deploy_units as units
 from ansible_collections.sgdeploy.host.plugins.module_utils.sglang_deploy_files import read_json
@@ -27,7 +30,7 @@ def deployed(state_dir):
     return out
 
 
-def _digest(path):
+def digest(path):
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 16), b""):
@@ -42,7 +45,7 @@ def env_same(env_src, env_dir, config):
     if not env_src or not os.path.exists(env_src):
         return None
     installed = units.env_file(env_dir, config)
-    return os.path.exists(installed) and _digest(env_src) == _digest(installed)
+    return os.path.exists(installed) and digest(env_src) == digest(installed)
 
 
 def env_vars(text):
@@ -84,6 +87,102 @@ def redacted_env(text, secret_keys, shown_keys, changed_keys=()):
     return "\n".join(lines) + ("\n" if lines else "")
 
 
+UNIT_MODE, ENV_MODE = 0o644, 0o640
+
+
+def _name(getter, ident):
+    try:
+        return getter(ident)[0]
+    except KeyError:
+        return str(ident)
+
+
+def _mode_owner(path, mode, uid, gid):
+    """What differs in the mode and owner of ``path`` from ``mode`` and ``uid``:``gid`` (empty when nothing)."""
+    st = os.stat(path)
+    out = []
+    if st.st_mode & 0o7777 != mode:
+        out.append(f"mode {st.st_mode & 0o7777:04o}, expected {mode:04o}")
+    if (st.st_uid, st.st_gid) != (uid, gid):
+        have = f"{_name(pwd.getpwuid, st.st_uid)}:{_name(grp.getgrgid, st.st_gid)}"
+        out.append(f"owner {have}, expected {_name(pwd.getpwuid, uid)}:{_name(grp.getgrgid, gid)}")
+    return out
+
+
+def _settings(text):
+    """The unit's lines as (section, line) pairs, blank lines and comments left out."""
+    section, out = "", set()
+    for line in (text or "").splitlines():
+        line = line.strip()
+        if not line or line.startswith(("#", ";")):
+            continue
+        if line.startswith("["):
+            section = line
+        out.add((section, line))
+    return out
+
+
+def unit_edits(installed, rendered):
+    """The settings a hand edit changed, by name only (a hand-added value may be a secret):
+    ``NoNewPrivileges, ProtectSystem, ExecStart``."""
+    a, b = _settings(installed), _settings(rendered)
+    names = []
+    for _section, line in sorted((a - b) | (b - a)):
+        name = re.split(r"\s*=", line, maxsplit=1)[0]
+        if name not in names:
+            names.append(name)
+    return names
+
+
+def drift(deploy, current, unit_dir, env_dir, unit_text=None, env_src=None, env_text=None, env_gid=0,
+          root=(0, 0)):
+    """Hand edits of the installed unit and env file of the config that runs now (``current``, its
+    current.json), each as ``<file>: <what>``; empty when the files are what the deploy installed.
+
+    The unit is compared with what this deploy renders (``unit_text``) when the deploy's unit is the
+    one that runs (same digest), else with the digest the commit recorded (``unit_sha256``). The env
+    file (secrets included) is compared by digest with the commit's (``env_sha256``): a file that
+    still has it but differs from ``env_src`` is a change in the inventory (a rotated secret), not
+    drift. Only variable and setting names are named, never a value. Modes and owners: the unit
+    0644 root:root, the env file 0640 root:<service group>."""
+    out = []
+    unit = os.path.join(unit_dir, deploy["unit_name"])
+    if not os.path.exists(unit):
+        out.append(f"{unit}: missing")
+    else:
+        what = []
+        installed = _read_text(unit)
+        if unit_text is not None and current.get("unit_digest") == deploy.get("digest"):
+            if installed.rstrip("\n") != unit_text.rstrip("\n"):
+                names = unit_edits(installed, unit_text)
+                what.append("hand-edited ({} differ from the rendered unit)".format(", ".join(names[:6])
+                                                                                  or "whitespace"))
+        elif current.get("unit_sha256") and digest(unit) != current["unit_sha256"]:
+            what.append("hand-edited (its digest differs from the deployed unit's)")
+        what += _mode_owner(unit, UNIT_MODE, *root)
+        if what:
+            out.append("{}: {}".format(unit, "; ".join(what)))
+    env = units.env_file(env_dir, deploy["config"])
+    if not os.path.exists(env):
+        out.append(f"{env}: missing")
+    else:
+        what = []
+        deployed_sha = current.get("env_sha256")
+        if deployed_sha and digest(env) != deployed_sha:
+            rendered = _read_text(env_src) if env_src and os.path.exists(env_src) else env_text
+            if rendered is None:
+                what.append("hand-edited (its digest differs from the deployed file's)")
+            else:
+                names = sorted(k for k in set(env_vars(_read_text(env))) | set(env_vars(rendered))
+                               if env_vars(_read_text(env)).get(k) != env_vars(rendered).get(k))
+                what.append("hand-edited ({})".format("variables " + ", ".join(names) + " differ from the rendered file"
+                                                      if names else "not the deployed file"))
+        what += _mode_owner(env, ENV_MODE, root[0], env_gid)
+        if what:
+            out.append("{}: {}".format(env, "; ".join(what)))
+    return out
+
+
 def plan_diff(deploy, result, unit_dir, env_dir, unit_text, env_text, secret_keys):
     """What the switch would change on this host, as Ansible diffs (check mode): the new unit against
     the installed one it replaces (its own name's file, else the first replaced config's), and the env
@@ -113,12 +212,15 @@ def plan_diff(deploy, result, unit_dir, env_dir, unit_text, env_text, secret_key
     return diffs
 
 
-def plan(deploy, gpu_count, state_dir, sockets=None, env_src=None, env_dir="/etc/sglang", env_text=None):
+def plan(deploy, gpu_count, state_dir, sockets=None, env_src=None, env_dir="/etc/sglang", env_text=None,
+         unit_dir="/etc/systemd/system", unit_text=None, env_gid=None, root=(0, 0)):
     """Predecessors (active configs sharing the config name, a GPU or a port: replaced), units to
     disable (enabled but inactive configs on the same port or GPUs: they would win the port at the
     next boot), ports to wait for, and whether nothing changes (same unit, release and env file:
     a changed secret is a change: judged by digest against ``env_src``, or in check mode, where
-    nothing is written on the host, against ``env_text`` rendered in memory)."""
+    nothing is written on the host, against ``env_text`` rendered in memory), and the hand edits of the
+    installed files of the config that runs (``drift``: a drifted file is a change, the switch puts
+    the rendered files back). ``env_gid``: the service group (None: the drift check is skipped)."""
     problems = []
     gpus, bind, ports = deploy["gpus"], deploy["bind_address"], deploy["ports"]
     bad = [g for g in gpus if g >= gpu_count]
@@ -150,11 +252,16 @@ def plan(deploy, gpu_count, state_dir, sockets=None, env_src=None, env_dir="/etc
         same_env = env_same(env_src, env_dir, deploy["config"])
         if same_env is None and env_text is not None:
             same_env = env_same_text(env_text, env_dir, deploy["config"])
+    drifted = []
+    if current and env_gid is not None:
+        drifted = drift(deploy, current, unit_dir, env_dir, unit_text=unit_text, env_src=env_src, env_text=env_text,
+                        env_gid=env_gid, root=root)
     unchanged = bool(current and current.get("unit_digest") == deploy["digest"] and same_env is not False
-                     and current.get("release") == deploy["release"] and len(predecessors) == 1 and not disable)
+                     and current.get("release") == deploy["release"] and len(predecessors) == 1 and not disable
+                     and not drifted)
     wait_ports = sorted({(p["bind_address"], port) for p in predecessors for port in p["ports"]}
                         | {(bind, port) for port in ports})
-    return {"predecessors": predecessors, "unchanged": unchanged, "env_changed": same_env is False,
+    return {"predecessors": predecessors, "unchanged": unchanged, "env_changed": same_env is False, "drift": drifted,
             "replaces": [p["config"] for p in predecessors],
             "stop_units": [p["unit_name"] for p in predecessors], "disable_units": disable,
             "wait_ports": [list(p) for p in wait_ports]}

@@ -7,7 +7,9 @@ Layout under the state folder S (one switch at a time per host: the deploy lock 
                             and env file existed, whether it was active / enabled, its current.json
     S/txn/files/            copies of those unit and env files, taken before anything changed
     S/<config>/current.json what runs now (written only by a commit or after an undo)
-    S/<config>/previous.json what ran before it, with its unit and env text (`make rollback`)
+    S/<config>/previous.json what ran before it, with its unit text, its env file's non-secret part
+                            (`env_public`) and the names of its secrets, never their values: `make
+                            rollback` renders the env file again with the inventory's secrets
 
 Steps: begun (backups taken, nothing changed), stopping (the replaced units may be stopped),
 installed (new files in place), started, gating. `undo` works from any step and is idempotent:
@@ -18,6 +20,7 @@ lock says so) is undone by the next deploy or rollback before it does anything e
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import time
@@ -196,46 +199,87 @@ def undo(paths, notes=None):
             "run_id": journal["run_id"], "config": journal["config"]}
 
 
-def _current_of(deploy):
+def _sha256(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 16), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _current_of(deploy, paths):
     current = {k: deploy[k] for k in ("config", "unit_name", "release", "bind_address", "ports", "gpus",
                                       "speculative")}
     current["unit_digest"] = deploy["digest"]
     for key, value in (("env_file", deploy.get("env_name")), ("service_user", deploy.get("service_user")),
                        ("release_dir", deploy.get("release_dir")),
-                       ("gates", deploy.get("gates"))):  # the gates settings: make rollback's smoke gate
-        if value:
+                       ("gates", deploy.get("gates")),  # the gates settings: make rollback's smoke gate
+                       # The env file's non-secret part and the secrets' names: a rollback renders it again.
+                       ("env_public", deploy.get("env_public")), ("secret_keys", deploy.get("secret_keys"))):
+        if value is not None and value != "":
             current[key] = value
+    # Digests of the files as installed: the next plan finds a hand edit (drift) by them.
+    for key, path in (("unit_sha256", paths.unit(deploy["unit_name"])), ("env_sha256", paths.env(deploy["config"]))):
+        if os.path.exists(path):
+            current[key] = _sha256(path)
     current["deployed"] = now_iso()
     return current
 
 
+def public_env(text, secret_keys):
+    """An env file's text without the assignments of ``secret_keys`` (a state file written before
+    ``env_public`` was kept)."""
+    secret = set(secret_keys or ())
+    lines = [line for line in (text or "").splitlines()
+             if "=" not in line or line.strip().startswith("#") or line.split("=", 1)[0].strip() not in secret]
+    return "\n".join(lines)
+
+
+def without_secrets(state, secret_keys):
+    """A current/previous record as it may be kept: the env text of an older commit (with the secrets)
+    turned into its non-secret part."""
+    state = dict(state)
+    if "env_text" in state:
+        text = state.pop("env_text")
+        state.setdefault("env_public", public_env(text, set(secret_keys or ()) | set(state.get("secret_keys") or ())))
+    return state
+
+
 def commit(paths, run_id, swap_previous=False):
-    """The new service passed: write current.json and previous.json (with the replaced unit's text),
-    enable the new unit, disable the units it replaced, drop the journal."""
+    """The new service passed: write current.json and previous.json (with the replaced unit's text and
+    its env file's non-secret part; no secret value), enable the new unit, disable the units it
+    replaced, drop the journal."""
     journal = read_json(paths.journal)
     if journal is None or journal["run_id"] != run_id:
         raise TxnError(f"no switch of run {run_id} to commit in {paths.txn}")
     deploy, new_unit, config = journal["deploy"], journal["new_unit"], journal["config"]
+    secret_keys = deploy.get("secret_keys") or []
     before = [e for e in journal["units"] if e["replaced"] and e["current"]]
     same = next((e for e in before if e["unit"] == new_unit), None)
     prev_entry = same or (before[0] if before else None)
-    current = _current_of(deploy)
+    current = _current_of(deploy, paths)
     previous = None
     if prev_entry is not None and prev_entry["current"].get("unit_digest") != current["unit_digest"]:
-        previous = dict(prev_entry["current"])
+        previous = without_secrets(prev_entry["current"], secret_keys)
         backup = os.path.join(paths.files, prev_entry["unit"])
         env_backup = os.path.join(paths.files, prev_entry["config"] + ".env")
         with open(backup, encoding="utf-8") as f:
             previous["unit_text"] = f.read()
-        previous["env_text"] = ""
         if os.path.exists(env_backup):
-            with open(env_backup, encoding="utf-8") as f:
-                previous["env_text"] = f.read()
+            previous["env_sha256"] = _sha256(env_backup)
+            if "env_public" not in previous:  # committed before env_public was kept
+                with open(env_backup, encoding="utf-8") as f:
+                    previous["env_public"] = public_env(f.read(), secret_keys)
     write_json(paths.current(config), current)
     if previous is not None:
         write_json(paths.previous(config), previous, mode=0o600)
     elif swap_previous and os.path.exists(paths.previous(config)):
         os.unlink(paths.previous(config))
+    else:
+        # A previous.json of an older commit kept the env file's text, secrets included: drop them.
+        kept = read_json(paths.previous(config))
+        if kept is not None and "env_text" in kept:
+            write_json(paths.previous(config), without_secrets(kept, secret_keys), mode=0o600)
     units.systemctl("enable", new_unit)
     for e in journal["units"]:
         if e["unit"] != new_unit and (e["replaced"] or e["enabled"]):
@@ -243,4 +287,17 @@ def commit(paths, run_id, swap_previous=False):
             if e["current"] and e["config"] != config and os.path.exists(paths.current(e["config"])):
                 os.unlink(paths.current(e["config"]))
     shutil.rmtree(paths.txn, ignore_errors=True)
-    return {"current": current, "previous": {k: v for k, v in (previous or {}).items() if not k.endswith("_text")}}
+    return {"current": {k: v for k, v in current.items() if k != "env_public"},
+            "previous": {k: v for k, v in (previous or {}).items() if not k.endswith("_text") and k != "env_public"}}
+
+
+def remove_stale_runs(state_dir, run_id):
+    """Remove the staging folders (``runs/<id>/``, an env file with its secrets among them) of runs
+    other than ``run_id``: the caller holds the lock, so their runs are gone. Returns their ids."""
+    runs = os.path.join(state_dir, "runs")
+    removed = []
+    for name in sorted(os.listdir(runs)) if os.path.isdir(runs) else []:
+        if name != run_id:
+            shutil.rmtree(os.path.join(runs, name), ignore_errors=True)
+            removed.append(name)
+    return removed

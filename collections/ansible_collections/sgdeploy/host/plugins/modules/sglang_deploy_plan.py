@@ -11,6 +11,11 @@ description:
     anything else (refused here, before any change); whether the same unit, release and env file
     already run (the env file rendered on the host for this run, secrets included, is compared by
     digest with the installed one on the host; only the verdict is returned).
+  - Drift (RV(plan.drift)) - the installed unit and env file of the config that runs are compared with what
+    this deploy renders and with the digests its commit recorded, and their modes and owners with 0644
+    root:root and 0640 root:<env_group>; a drifted file is a change (the switch installs the rendered
+    files again and the gates run). Each entry is C(<file>: <what>), naming settings and variables,
+    never a value.
   - Also reports a switch journal left behind by an interrupted run (RV(interrupted)).
   - Read-only. In check mode (C(make plan)) it is the one task that says what a real run would change:
     C(changed) exactly when the deploy is not already running unchanged, with the diff of the new unit
@@ -27,7 +32,15 @@ options:
   env_text:
     description: Check mode only; the env file rendered in memory (secrets included; never logged or returned).
     type: str
-  unit_text: {description: Check mode only; the new unit's text, for the diff., type: str}
+  unit_text:
+    description:
+      - The new unit's text, compared with the installed unit (drift) and, in check mode, for the diff.
+    type: str
+  env_group:
+    description:
+      - The service group, the env file's group (drift: the unit must be 0644 root:root, the env file 0640
+        root:<env_group>). Unset, the installed files are not checked for drift.
+    type: str
   secret_keys:
     description: Names of the secret variables (their values are redacted in the diff).
     type: list
@@ -38,11 +51,15 @@ options:
 
 RETURN = r"""
 plan:
-  description: predecessors, replaces (their configs), stop_units, disable_units, wait_ports, unchanged, env_changed.
+  description:
+    - predecessors, replaces (their configs), stop_units, disable_units, wait_ports, unchanged, env_changed;
+    - and drift (C(<file>: <what>) per hand-edited file of the config that runs).
   returned: success
   type: dict
 interrupted: {description: What an interrupted switch left (empty when none)., returned: success, type: str}
 """
+
+import grp  # noqa: E402
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_deploy_txn as txn  # noqa: E402
@@ -56,14 +73,22 @@ def main():
                            env_dir=dict(type="path", default="/etc/sglang"), env_src=dict(type="path"),
                            env_text=dict(type="str", no_log=True), unit_text=dict(type="str"),
                            secret_keys=dict(type="list", elements="str", default=[], no_log=False),
-                           unit_dir=dict(type="path", default="/etc/systemd/system")),
+                           unit_dir=dict(type="path", default="/etc/systemd/system"),
+                           env_group=dict(type="str")),
         supports_check_mode=True,
     )
     p = module.params
     pending = txn.pending(txn.Paths(p["state_dir"]))
+    env_gid = None
+    if p["env_group"]:
+        try:
+            env_gid = grp.getgrnam(p["env_group"]).gr_gid
+        except KeyError:
+            env_gid = None  # no service group yet: nothing of this deploy is installed
     try:
         result = plan(p["deploy"], p["gpu_count"], p["state_dir"], env_src=p["env_src"], env_dir=p["env_dir"],
-                      env_text=p["env_text"] if module.check_mode else None)
+                      env_text=p["env_text"] if module.check_mode else None, unit_dir=p["unit_dir"],
+                      unit_text=p["unit_text"], env_gid=env_gid)
     except PlanError as exc:
         module.fail_json(msg=str(exc))
     interrupted = txn.describe(pending) if pending else ""

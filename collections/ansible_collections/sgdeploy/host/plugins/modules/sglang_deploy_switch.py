@@ -7,7 +7,8 @@ module: sglang_deploy_switch
 short_description: One step of the switch transaction on the host (journaled before it acts)
 description:
   - C(recover) undoes a switch journal left by a run that is gone (the caller holds the lock), and
-    says what it found; C(begin) backs up every unit the switch touches and writes the journal;
+    says what it found; it also removes the staging folders (C(runs/<id>/), with their env files) of
+    runs that are gone (RV(removed_runs)); C(begin) backs up every unit the switch touches and writes the journal;
     C(stop) stops the replaced units (systemd sends SIGTERM: SGLang stops admitting requests and
     drains, bounded by TimeoutStopSec) and disables enabled-but-inactive conflicting units;
     C(install) puts the new unit and env file in place; C(start) resets the failed state, starts
@@ -31,7 +32,12 @@ options:
   disable_units: {description: Enabled but inactive conflicting units (begin)., type: list, elements: str, default: []}
   unit_src: {description: The staged unit file on the host (install)., type: path}
   env_src: {description: The staged env file on the host (install; may hold secrets)., type: path}
-  from_previous: {description: Install the unit and env text kept in this config's previous.json (rollback)., type: str}
+  from_previous:
+    description:
+      - Install the unit text kept in this config's previous.json (rollback), with the env file rendered
+        again from its non-secret part and the inventory's secrets (O(env_src)); previous.json never holds a
+        secret value. A previous.json of an older commit that kept the env text is installed as it is.
+    type: str
   env_group: {description: Group that may read the env file (the service group)., type: str, default: sglang}
   swap_previous: {description: commit of a manual rollback., type: bool, default: false}
 """
@@ -48,6 +54,7 @@ notes:
   returned: recover, undo
   type: list
 current: {description: What runs now (commit)., returned: commit, type: dict}
+removed_runs: {description: Run ids whose leftover staging folders were removed., returned: recover, type: list}
 """
 
 import grp  # noqa: E402
@@ -92,12 +99,15 @@ def main():
     try:
         if action == "recover":
             journal = txn.pending(paths)
-            if journal is None or journal.get("run_id") == run_id:
-                module.exit_json(changed=False, found="", restarted=[], notes=[])
             if module.check_mode:
-                module.exit_json(changed=True, found=txn.describe(journal), restarted=[], notes=[])
-            out = txn.undo(paths)
-            module.exit_json(changed=True, **out)
+                found = "" if journal is None or journal.get("run_id") == run_id else txn.describe(journal)
+                module.exit_json(changed=bool(found), found=found, restarted=[], notes=[], removed_runs=[])
+            out = {"found": "", "restarted": [], "notes": []}
+            if journal is not None and journal.get("run_id") != run_id:
+                out = txn.undo(paths)
+            # Under the lock: every other run's staging folder belongs to a run that is gone.
+            out["removed_runs"] = txn.remove_stale_runs(p["state_dir"], run_id)
+            module.exit_json(changed=bool(out["found"] or out["removed_runs"]), **out)
         if module.check_mode and action == "install" and p["deploy"]:
             unit_path = paths.unit(p["deploy"]["unit_name"])
             before = _read(unit_path) if os.path.exists(unit_path) else ""
@@ -121,10 +131,13 @@ def main():
         if action == "install":
             if p["from_previous"]:
                 previous = read_json(paths.previous(p["from_previous"])) or {}
-                unit_text, env_text = previous.get("unit_text"), previous.get("env_text", "")
+                unit_text = previous.get("unit_text")
                 if unit_text is None:
                     module.fail_json(msg=f"config {p['from_previous']}: {paths.previous(p['from_previous'])} has no "
                                          "unit text to roll back to")
+                # Rendered again on the host from env_public and the inventory's secrets (rollback_one.yml).
+                env_text = _read(p["env_src"]) if p["env_src"] and "env_public" in previous \
+                    else previous.get("env_text", "")
             else:
                 unit_text, env_text = _read(p["unit_src"]), _read(p["env_src"])
             journal = txn.read_json(paths.journal) or {}
