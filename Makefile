@@ -184,7 +184,7 @@ gate: $(STAMP) ## Run CONFIG's gates from the controller through an SSH tunnel [
 	$(need_host)
 	@$(SGDEPLOY) gate "$$CONFIG" --inventory "$$INV" $${HOST:+--host "$$HOST"}
 
-rollback: $(STAMP) ## Go back by hand to the previous deploy of CONFIG (replicas one at a time through the router) [INVENTORY= LIMIT= SERIAL=]
+rollback: $(STAMP) ## Go back by hand to the previous deploy of CONFIG (replicas one at a time through the router) [INVENTORY= LIMIT= SERIAL= REPLACES=]
 	$(check_serial)
 	$(need_config)
 	$(ensure_lab)
@@ -278,7 +278,7 @@ reference: $(STAMP) ## Record CONFIG's exactness reference: its target alone on 
 	 $(ANSIBLE_PLAYBOOK) -i "$$INV" "$${lim[@]}" playbooks/deploy.yml -e config="$$CONFIG"
 
 .PHONY: plan
-plan: $(STAMP) ## Show what a deploy of CONFIG would change, changing nothing (--check --diff) [INVENTORY= LIMIT=]
+plan: $(STAMP) ## Show what a deploy of CONFIG would change, changing nothing (--check --diff) [INVENTORY= LIMIT= REPLACES=]
 	$(need_config)
 	@$(SGDEPLOY) validate "$$CONFIG" >/dev/null
 	$(ensure_lab)
