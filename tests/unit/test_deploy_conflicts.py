@@ -5,6 +5,7 @@ refused with one line naming it and what collides, unless REPLACES names it; tak
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -40,8 +41,8 @@ def test_a_port_on_the_others_nccl_port_is_refused_naming_it():
 def test_the_nccl_port_on_the_others_port_and_a_shared_gpu_are_named():
     with pytest.raises(ConflictError, match=r"its NCCL port 30000 is ddtree-b15's port"):
         conflicts(cfg("mine", port=29999, gpus=(1,)), [B15])
-    with pytest.raises(ConflictError, match=r"GPU 0 overlaps \(it uses GPUs \[0, 1\], ddtree-b15 uses \[0\]\)"):
-        conflicts(cfg("mine", port=31000, gpus=(0, 1)), [B15])
+    with pytest.raises(ConflictError, match=r"GPU 1 overlaps \(it uses GPUs \[1, 2\], two uses \[0, 1\]\)"):
+        conflicts(cfg("mine", port=31000, gpus=(1, 2)), [cfg("two", port=32000, gpus=(0, 1))])
     with pytest.raises(ConflictError, match=r"enabled, not running"):
         conflicts(cfg("mine", port=30001, gpus=(1,)), [cfg("ddtree-b15", active=False)])
 
@@ -52,9 +53,26 @@ def test_replaces_names_it_and_the_line_says_so():
     assert out["line"].startswith("replaces ddtree-b15 (active") and out["line"].endswith("(named by REPLACES)")
 
 
-def test_taking_exactly_its_place_is_a_config_switch_and_needs_no_name():
-    out = conflicts(cfg("ddtree-b32"), [B15])
+@pytest.mark.parametrize("mine", [cfg("ddtree-b32"), cfg("lab-port-31000", port=31000), cfg("tp2", gpus=(0, 1))])
+def test_taking_it_over_whole_is_a_config_switch_and_needs_no_name(mine):
+    """All of its GPUs, and a shared port only in the same role: PLAN and the summary name it as before."""
+    out = conflicts(mine, [B15])
     assert [d["config"] for d in out["displaced"]] == ["ddtree-b15"] and out["named"] == [] and out["line"] == ""
+
+
+@pytest.mark.parametrize("mine, words", [
+    (cfg("mine", port=30000, gpus=(1,)), "both serve on port 30000"),  # a config on other GPUs, for its port
+    (cfg("mine", port=31000, gpus=(1,)), None),  # nothing shared
+    (cfg("mine", port=30001, gpus=(0,)), "its port 30001 is ddtree-b15's NCCL port"),  # its GPU, ports cross-wired
+])
+def test_part_of_it_or_its_ports_crosswise_is_refused(mine, words):
+    others = [B15, cfg("two-gpus", port=32000, gpus=(2, 3))]
+    if words is None:
+        with pytest.raises(ConflictError, match=r"would stop or displace two-gpus .*GPU 2 overlaps"):
+            conflicts(cfg("mine", port=31000, gpus=(1, 2)), others)
+        return
+    with pytest.raises(ConflictError, match=re.escape(words)):
+        conflicts(mine, others)
 
 
 def test_itself_other_addresses_and_stopped_disabled_configs_do_not_collide():

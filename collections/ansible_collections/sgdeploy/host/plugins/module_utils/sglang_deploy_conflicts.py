@@ -4,11 +4,13 @@ operator named them (``replaces``): nothing is replaced silently (read-only, dec
 
 A deploy (or a rollback, which brings back a config's previous unit) collides with another config
 of the host that is active or enabled when they share the unit name, a port (the serving port or
-the NCCL port, either way round, on the same bind address) or a GPU. A deploy that takes over
-exactly the other's place (same address, ports and GPUs: switching the host from one config to
-another, ``PLAN: would replace ddtree-b15 with ddtree-b32``) is that documented succession and needs
-no name; every other collision is refused unless ``replaces`` names the other config. A rollback
-stops only the config it rolls back, so any collision refuses it."""
+the NCCL port, either way round, on the same bind address) or a GPU. A deploy that takes the other
+over whole - every GPU of it, and a shared port only in the same role (port for port, NCCL port for
+NCCL port) - is a switch between configs (``PLAN: would replace ddtree-b15 with ddtree-b32``, the
+summary's ``before -> after``) and needs no name; every other collision (its port on the other's
+NCCL port or the other way round, a port of a config on other GPUs, part of its GPUs, the same unit
+name) is refused unless ``replaces`` names the other config. A rollback stops only the config it
+rolls back, so any collision refuses it."""
 
 from __future__ import annotations
 
@@ -69,17 +71,23 @@ def collisions(deploy, other):
     return words
 
 
-def same_place(deploy, other):
-    """The deploy takes exactly the other's place: same address, ports and GPUs (a config switch)."""
-    return (other.get("bind_address") == deploy.get("bind_address")
-            and list(other.get("ports", [])) == list(deploy.get("ports", []))
-            and sorted(other.get("gpus", [])) == sorted(deploy.get("gpus", [])))
+def takeover(deploy, other):
+    """The deploy takes the other over whole (a switch between configs): every GPU of the other is one of
+    its own, and a port they share (same address) has the same role in both (port for port, NCCL for NCCL)."""
+    if other.get("unit_name") == deploy.get("unit_name"):
+        return False
+    if not set(other.get("gpus", [])) <= set(deploy.get("gpus", [])):
+        return False
+    if other.get("bind_address") != deploy.get("bind_address"):
+        return True
+    mine, theirs = list(deploy.get("ports", [])), list(other.get("ports", []))
+    return all(i == j for i, port in enumerate(mine) for j, their in enumerate(theirs) if port == their)
 
 
 def conflicts(deploy, others, replaces=(), rollback=None):
     """The configs of ``others`` (current.json of every config, with ``active``/``enabled``) that the
     deploy would stop or displace. Returns {"displaced": [...], "named": [...], "line": str}; raises
-    ConflictError when one is neither named in ``replaces`` nor (a deploy only) the same place.
+    ConflictError when one is neither named in ``replaces`` nor (a deploy only) taken over whole.
     ``rollback``: the config name a rollback is given; ``deploy`` is then its previous.json (which may be
     another config's, the one it replaced), and the rolled-back config itself is what it stops."""
     mine = deploy["config"]
@@ -93,10 +101,10 @@ def conflicts(deploy, others, replaces=(), rollback=None):
             continue
         state = "active" if other.get("active") else "enabled, not running"
         item = {"config": other["config"], "unit_name": other.get("unit_name"), "active": bool(other.get("active")),
-                "collides": "; ".join(words), "same_place": same_place(deploy, other)}
+                "collides": "; ".join(words), "takeover": takeover(deploy, other)}
         item["what"] = f"{other['config']} ({state}, {other.get('unit_name')}: {item['collides']})"
         displaced.append(item)
-        if other["config"] not in replaces and (rollback or not item["same_place"]):
+        if other["config"] not in replaces and (rollback or not item["takeover"]):
             unnamed.append(item)
     verb = "rolling back" if rollback else "deploying"
     named = [i for i in displaced if i["config"] in replaces]

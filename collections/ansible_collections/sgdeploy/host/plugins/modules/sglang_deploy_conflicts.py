@@ -10,8 +10,8 @@ description:
     back) with every other config of the host that is active or enabled (its C(current.json)) and finds
     what they share, in words - the unit name, a port (serving or NCCL, either way round), GPUs.
   - Fails with one line naming each other config and what collides unless O(replaces) names it. A deploy that
-    takes exactly another config's place (same address, ports and GPUs) needs no name; a rollback, which stops
-    only the config it rolls back, always does.
+    takes another config over whole (all its GPUs; a shared port only port for port or NCCL port for NCCL port)
+    needs no name; a rollback, which stops only the config it rolls back, always does.
   - Read-only; the same in check mode.
 options:
   deploy: {description: The deploy description (render output)., type: dict}
@@ -25,7 +25,7 @@ options:
 """
 
 RETURN = r"""
-displaced: {description: "[{config, unit_name, active, collides, same_place, what}] the configs it collides with.",
+displaced: {description: "[{config, unit_name, active, collides, takeover, what}] the configs it collides with.",
             returned: success, type: list}
 named: {description: The displaced configs named by O(replaces)., returned: success, type: list}
 line: {description: "One line naming what is replaced by name, empty when nothing.", returned: success, type: str}
