@@ -20,6 +20,7 @@
 #: TOPK_CAPS="4 8"     sweep: the top-k caps to test (default: the config's cap)
 #: CLIFF_DROP=0.25     sweep: the acceptance drop (a fraction) that marks the cliff (default 0.25)
 #: TIE_TOLERANCE=0.03  sweep: tokens/s within this fraction of the fastest is a tie (default 0.03)
+#: REPLACES=a,b        deploy, plan, rollback: the other configs it may stop or displace (a shared port, NCCL port or GPU)
 #: DRAIN=1            provision: drain (stop) the services of hosts that serve before a reboot (default: refuse)
 #: VERBOSE=1           show skipped tasks too (the output hides them by default)
 #: PATCHES=a,b         wheel: build these patch features instead of CONFIG's (e.g. ddtree,fork)
@@ -57,11 +58,12 @@ PATCHES     ?=
 PATCH       ?=
 DRAIN       ?=
 VERBOSE     ?=
+REPLACES    ?=
 
 # Take every user variable's text as it is (make never expands a `$(...)` in it), and hand it to
 # the recipes' environment.
 USER_VARS := CONFIG INVENTORY LIMIT SERIAL LAB_HOSTS LAB_INVENTORY BUDGETS TOPK_CAPS CLIFF_DROP \
-             TIE_TOLERANCE HOST PATCHES PATCH DRAIN VERBOSE
+             TIE_TOLERANCE HOST PATCHES PATCH DRAIN VERBOSE REPLACES
 $(foreach v,$(USER_VARS),$(eval override $(v) := $$(value $(v))))
 
 # No INVENTORY: the lab (brought up when absent).
@@ -82,6 +84,8 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 # Shell snippets. LIMIT_ARG: `--limit "$LIMIT,localhost"` when LIMIT is set (two words, the value intact;
 # localhost so that the controller's plays, config checks and summaries, still run under LIMIT=).
 LIMIT_ARG := $${LIMIT:+--limit "$$LIMIT,localhost"}
+# REPLACES_ARG: `-e "replaces=$REPLACES"` when REPLACES is set (two words, the value intact).
+REPLACES_ARG := $${REPLACES:+-e "replaces=$$REPLACES"}
 # A config is a name from configs/ or the path of a YAML file; anything else stops here (exit 2)
 # before any program runs.
 CONFIG_ALLOWED := a config name from configs/ (lower-case letters, digits, '.', '_', '-'; e.g. ddtree-b15) \
@@ -166,13 +170,13 @@ wheel: $(STAMP) ## Build the patched SGLang wheel for CONFIG (or PATCHES=ddtree,
 	$(maybe_config)
 	@if [ -n "$$PATCHES" ]; then $(SGDEPLOY) wheel --features "$$PATCHES"; else $(SGDEPLOY) wheel --config "$$CONFIG"; fi
 
-deploy: $(STAMP) ## Deploy CONFIG with gates and automatic rollback [INVENTORY= LIMIT= SERIAL=]
+deploy: $(STAMP) ## Deploy CONFIG with gates and automatic rollback [INVENTORY= LIMIT= SERIAL= REPLACES=]
 	$(check_serial)
 	$(need_config)
 	@$(SGDEPLOY) validate "$$CONFIG" >/dev/null
 	$(ensure_lab)
 	$(need_hosts)
-	$(ANSIBLE_PLAYBOOK) -i "$$INV" $(LIMIT_ARG) playbooks/deploy.yml -e config="$$CONFIG" -e deploy_serial="$$SERIAL"
+	$(ANSIBLE_PLAYBOOK) -i "$$INV" $(LIMIT_ARG) playbooks/deploy.yml -e config="$$CONFIG" -e deploy_serial="$$SERIAL" $(REPLACES_ARG)
 
 gate: $(STAMP) ## Run CONFIG's gates from the controller through an SSH tunnel [HOST= INVENTORY=]
 	$(need_config)
@@ -180,12 +184,12 @@ gate: $(STAMP) ## Run CONFIG's gates from the controller through an SSH tunnel [
 	$(need_host)
 	@$(SGDEPLOY) gate "$$CONFIG" --inventory "$$INV" $${HOST:+--host "$$HOST"}
 
-rollback: $(STAMP) ## Go back by hand to the previous deploy of CONFIG (replicas one at a time through the router) [INVENTORY= LIMIT= SERIAL=]
+rollback: $(STAMP) ## Go back by hand to the previous deploy of CONFIG (replicas one at a time through the router) [INVENTORY= LIMIT= SERIAL= REPLACES=]
 	$(check_serial)
 	$(need_config)
 	$(ensure_lab)
 	$(need_hosts)
-	$(ANSIBLE_PLAYBOOK) -i "$$INV" $(LIMIT_ARG) playbooks/rollback.yml -e config="$$CONFIG" -e rollback_serial="$$SERIAL"
+	$(ANSIBLE_PLAYBOOK) -i "$$INV" $(LIMIT_ARG) playbooks/rollback.yml -e config="$$CONFIG" -e rollback_serial="$$SERIAL" $(REPLACES_ARG)
 
 status: $(STAMP) ## Show what serves on each host now, then the deploy history with gate numbers [INVENTORY= LIMIT=]
 	$(ensure_lab)
@@ -274,9 +278,9 @@ reference: $(STAMP) ## Record CONFIG's exactness reference: its target alone on 
 	 $(ANSIBLE_PLAYBOOK) -i "$$INV" "$${lim[@]}" playbooks/deploy.yml -e config="$$CONFIG"
 
 .PHONY: plan
-plan: $(STAMP) ## Show what a deploy of CONFIG would change, changing nothing (--check --diff) [INVENTORY= LIMIT=]
+plan: $(STAMP) ## Show what a deploy of CONFIG would change, changing nothing (--check --diff) [INVENTORY= LIMIT= REPLACES=]
 	$(need_config)
 	@$(SGDEPLOY) validate "$$CONFIG" >/dev/null
 	$(ensure_lab)
 	$(need_hosts)
-	$(ANSIBLE_PLAYBOOK) -i "$$INV" $(LIMIT_ARG) playbooks/deploy.yml --check --diff -e config="$$CONFIG"
+	$(ANSIBLE_PLAYBOOK) -i "$$INV" $(LIMIT_ARG) playbooks/deploy.yml --check --diff -e config="$$CONFIG" $(REPLACES_ARG)

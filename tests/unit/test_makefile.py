@@ -17,10 +17,11 @@ REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.skipif(not (REPO / ".venv" / ".installed").exists(), reason="needs `make setup`")
 # What the user sets on the make command line (the Makefile's USER_VARS, and INV made from them).
 USER_VARS = ("CONFIG", "INVENTORY", "LIMIT", "SERIAL", "LAB_HOSTS", "LAB_INVENTORY", "BUDGETS", "TOPK_CAPS",
-             "CLIFF_DROP", "TIE_TOLERANCE", "HOST", "PATCHES", "INV")
+             "CLIFF_DROP", "TIE_TOLERANCE", "HOST", "PATCHES", "REPLACES", "INV")
 # What `make help` must explain, one line each: the user variables and the lab's settings (tests/lab/README.md).
 HELP_VARS = ("CONFIG", "INVENTORY", "LIMIT", "SERIAL", "HOST", "BUDGETS", "TOPK_CAPS", "CLIFF_DROP", "TIE_TOLERANCE",
-             "PATCHES", "PATCH", "LAB_HOSTS", "LAB_NET", "LAB_DIR", "LAB_INVENTORY", "LAB_GPU_COUNTS", "LAB_CACHE")
+             "PATCHES", "PATCH", "REPLACES", "LAB_HOSTS", "LAB_NET", "LAB_DIR", "LAB_INVENTORY", "LAB_GPU_COUNTS",
+             "LAB_CACHE")
 # Every target that runs plays (or testinfra, or the controller's gate/sweep) on the hosts.
 HOST_TARGETS = ("deploy", "rollback", "provision", "status", "build", "verify", "plan", "gate", "sweep", "reference")
 
@@ -301,3 +302,24 @@ def test_no_recipe_puts_a_user_variable_into_shell_text():
             recipe_lines.append(line)
     offenders = [line.strip() for line in recipe_lines if pattern.search(line)]
     assert recipe_lines and not offenders, "\n".join(offenders)
+
+
+# --- REPLACES (issue 34 item 4: nothing is replaced silently) --------------------------------------------
+
+@pytest.mark.parametrize("target, playbook", [("deploy", ["playbooks/deploy.yml", "-e", "config=ddtree-b15", "-e",
+                                                          "deploy_serial=1"]),
+                                              ("plan", ["playbooks/deploy.yml", "--check", "--diff", "-e",
+                                                        "config=ddtree-b15"]),
+                                              ("rollback", ["playbooks/rollback.yml", "-e", "config=ddtree-b15", "-e",
+                                                            "rollback_serial=1"])])
+def test_replaces_reaches_the_play_as_one_argument(recorded, tmp_path, target, playbook):
+    """Before: REPLACES was no variable of the Makefile; the play never heard of it."""
+    marker = tmp_path / "pwned"
+    value = f"ddtree-b15,ar;touch {marker} $(touch {marker})"
+    proc, calls = recorded(target, "CONFIG=ddtree-b15", "INVENTORY=inv.yml", f"REPLACES={value}")
+    assert proc.returncode == 0, proc.stderr
+    assert calls[-1] == ["ansible-playbook", "-i", "inv.yml", *playbook, "-e", f"replaces={value}"]
+    assert not marker.exists()
+    # Unset: no replaces at all (the play's default, nothing named).
+    proc, calls = recorded(target, "CONFIG=ddtree-b15", "INVENTORY=inv.yml")
+    assert calls[-1] == ["ansible-playbook", "-i", "inv.yml", *playbook]
