@@ -110,7 +110,7 @@ def test_ddtree_b15_deploys_and_passes_its_gates(lab):
     # The unit runs as the dedicated user, bound to the host's own address only.
     user = lab.ssh("lab1", "ps -o user= -p $(systemctl show -p MainPID --value sglang-ddtree-b15)").stdout.strip()
     assert user == "sglang"
-    listen = lab.ssh("lab1", "ss -ltnH 'sport = :30000'").stdout
+    listen = lab.ssh("lab1", f"ss -ltnH 'src {lab.address('lab1')} and sport = :30000'").stdout
     assert f"{lab.address('lab1')}:30000" in listen
 
 
@@ -187,8 +187,8 @@ def test_port_held_by_a_stray_process_is_refused_before_anything_stops(lab):
     addr = lab.address("lab1")
     lab.ssh("lab1", f"systemd-run --unit=stray-listener python3 -m http.server --bind {addr} 31000")
     try:
-        lab.ssh("lab1", "for i in $(seq 50); do ss -ltnH 'sport = :31000' | grep -q . && exit 0; sleep 0.1; done;"
-                        " exit 1")
+        lab.ssh("lab1", f"for i in $(seq 50); do ss -ltnH 'src {addr} and sport = :31000' | grep -q . && exit 0;"
+                        " sleep 0.1; done; exit 1")
         pid = lab.ssh("lab1", "systemctl show -p MainPID --value sglang-ddtree-b15").stdout.strip()
         proc = deploy(lab, str(LAB_CONFIGS / "lab-port-31000.yml"))
         out = output_of(proc)
