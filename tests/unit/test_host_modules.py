@@ -74,7 +74,11 @@ class FakeSystemd:
     def __init__(self, active=(), enabled=(), restarts=None):
         self.active, self.enabled = set(active), set(enabled)
         self.restarts = dict(restarts or {})
+        self.states: dict[str, str] = {}  # a state other than active/inactive (activating: the restart delay)
         self.calls: list[tuple[str, ...]] = []
+
+    def state(self, unit):
+        return self.states.get(unit) or ("active" if unit in self.active else "inactive")
 
     def __call__(self, *args):
         self.calls.append(args)
@@ -82,13 +86,15 @@ class FakeSystemd:
         unit = rest[0] if rest else ""
         rc, out = 0, ""
         if verb == "is-active":
-            rc = 0 if unit in self.active else 3
+            rc = 0 if self.state(unit) == "active" else 3
+            out = "" if "--quiet" in args else self.state(unit) + "\n"
         elif verb == "is-enabled":
             rc = 0 if unit in self.enabled else 1
         elif verb in ("start", "restart"):
             self.active.add(unit)
         elif verb == "stop":
             self.active.discard(unit)
+            self.states.pop(unit, None)
         elif verb == "enable":
             self.enabled.add(unit)
         elif verb == "disable":
@@ -96,8 +102,7 @@ class FakeSystemd:
         elif verb == "reset-failed":
             self.restarts[unit] = 0
         elif verb == "show":
-            state = "active" if unit in self.active else "inactive"
-            out = f"NRestarts={self.restarts.get(unit, 0)}\nActiveState={state}\n"
+            out = f"NRestarts={self.restarts.get(unit, 0)}\nActiveState={self.state(unit)}\n"
         return type("P", (), {"returncode": rc, "stdout": out, "stderr": ""})()
 
 

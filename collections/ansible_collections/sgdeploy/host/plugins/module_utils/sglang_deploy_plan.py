@@ -19,12 +19,16 @@ class PlanError(Exception):
 
 
 def deployed(state_dir):
-    """current.json of every config on the host, with whether its unit is active and enabled."""
+    """current.json of every config on the host, with whether its unit runs (``active``: in any running
+    state, its restart delay included), its exact ``state`` and whether it is enabled."""
     out = []
     for path in sorted(glob.glob(os.path.join(state_dir, "*", "current.json"))):
         data = read_json(path)
         if data and "unit_name" in data:
-            data["active"] = units.is_active(data["unit_name"])
+            # `active` means running in any way: a unit in its restart delay comes back on its port by
+            # itself, so a deploy must stop it like a serving one (state: what systemd says exactly).
+            data["state"] = units.active_state(data["unit_name"])
+            data["active"] = data["state"] in units.RUNNING_STATES
             data["enabled"] = units.is_enabled(data["unit_name"])
             out.append(data)
     return out
@@ -256,7 +260,9 @@ def plan(deploy, gpu_count, state_dir, sockets=None, env_src=None, env_dir="/etc
     if current and env_gid is not None:
         drifted = drift(deploy, current, unit_dir, env_dir, unit_text=unit_text, env_src=env_src, env_text=env_text,
                         env_gid=env_gid, root=root)
-    unchanged = bool(current and current.get("unit_digest") == deploy["digest"] and same_env is not False
+    # Unchanged only while the unit really serves: one crash-looping (activating) is switched again.
+    unchanged = bool(current and current.get("state", "active") == "active"
+                     and current.get("unit_digest") == deploy["digest"] and same_env is not False
                      and current.get("release") == deploy["release"] and len(predecessors) == 1 and not disable
                      and not drifted)
     wait_ports = sorted({(p["bind_address"], port) for p in predecessors for port in p["ports"]}

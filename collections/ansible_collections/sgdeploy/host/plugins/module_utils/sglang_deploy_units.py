@@ -26,6 +26,17 @@ def is_active(unit):
     return systemctl("is-active", "--quiet", unit).returncode == 0
 
 
+# A unit in any of these states holds (or is about to hold again) what it binds: `activating` is also
+# systemd's restart delay (Restart=on-failure), after which the unit takes its port back by itself.
+RUNNING_STATES = ("active", "activating", "reloading", "refreshing", "deactivating")
+
+
+def active_state(unit):
+    """The unit's ActiveState as `systemctl is-active` prints it (active, activating, deactivating,
+    inactive, failed, ...); `unknown` when systemctl prints nothing."""
+    return (systemctl("is-active", unit).stdout or "").strip() or "unknown"
+
+
 def is_enabled(unit):
     return systemctl("is-enabled", "--quiet", unit).returncode == 0
 

@@ -34,7 +34,10 @@ options:
 RETURN = r"""
 done: {description: Whether waiting is over (RV(ok) says how it ended)., returned: always, type: bool}
 ok: {description: Whether it ended as wanted., returned: always, type: bool}
-state: {description: healthy, exited, stopped, timeout or waiting., returned: always, type: str}
+state:
+  description: healthy, exited, stopped, held (a port kept by something this deploy does not stop), timeout or waiting.
+  returned: always
+  type: str
 elapsed_s: {description: Seconds since O(since)., returned: always, type: float}
 detail: {description: One line for people., returned: always, type: str}
 """
@@ -47,14 +50,39 @@ from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_deploy
 from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_deploy_txn as txn  # noqa: E402
 from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_deploy_units as units  # noqa: E402
 
+# How long a port may stay held by a process outside the units being stopped before the wait gives up:
+# waiting will not free it (a unit this deploy does not stop, a stray process).
+FOREIGN_GRACE_S = 10.0
+
+
+def _foreign_holders(ports, stopping):
+    """Listeners on the given busy [address, port] pairs that belong to none of the units being stopped."""
+    held = []
+    for sock in units.listeners():
+        for address, port in ports:
+            if sock["port"] == int(port) and units.overlaps(sock["address"], address) and sock["unit"] not in stopping:
+                who = "{} (pid {}".format(sock["process"] or "a process", ", ".join(map(str, sock["pids"])) or "?")
+                who += ", unit {})".format(sock["unit"]) if sock["unit"] else ")"
+                held.append(f"{sock['address']}:{sock['port']} is held by {who}")
+    return held
+
 
 def _stopped(p, deadline, call_end):
+    foreign_since = None
     while True:
-        running = [u for u in p["units"] if units.is_active(u)]
-        busy = [f"{a}:{port}" for a, port in p["ports"] if not units.port_free(a, int(port))]
+        running = [u for u in p["units"] if units.active_state(u) in units.RUNNING_STATES]
+        busy = [(a, int(port)) for a, port in p["ports"] if not units.port_free(a, int(port))]
         if not running and not busy:
             return "stopped", "units stopped and ports free"
-        detail = "still running: {}; ports in use: {}".format(", ".join(running) or "-", ", ".join(busy) or "-")
+        detail = "still running: {}; ports in use: {}".format(
+            ", ".join(running) or "-", ", ".join(f"{a}:{port}" for a, port in busy) or "-")
+        foreign = _foreign_holders(busy, set(p["units"])) if busy and not running else []
+        if foreign:
+            foreign_since = foreign_since or time.time()
+            if time.time() - foreign_since >= FOREIGN_GRACE_S:
+                return "held", "port " + "; port ".join(foreign) + ", which this deploy does not stop"
+        else:
+            foreign_since = None
         if time.time() >= deadline:
             return "timeout", detail
         if time.time() >= call_end:
