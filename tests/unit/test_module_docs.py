@@ -91,9 +91,12 @@ def test_documentation_examples_and_return_are_yaml(path):
     assert is_text(documentation.get("description")), f"{path.stem}: description {documentation.get('description')!r}"
     returns = yaml.safe_load(docs["RETURN"])
     assert isinstance(returns, dict) and returns
-    for key, value in returns.items():
+    pending = list(returns.items())
+    while pending:  # the return values and what each `contains`
+        key, value = pending.pop()
         assert is_text(value.get("description")), f"{path.stem}: RETURN {key}: description {value.get('description')!r}"
         assert set(value) <= RETURN_KEYS, f"{path.stem}: RETURN {key} has keys {sorted(set(value) - RETURN_KEYS)}"
+        pending += [(f"{key}.{k}", v) for k, v in (value.get("contains") or {}).items()]
     examples = yaml.safe_load(docs["EXAMPLES"])
     assert isinstance(examples, list) and examples, "EXAMPLES: a list of tasks"
 

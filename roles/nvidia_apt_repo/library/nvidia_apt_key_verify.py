@@ -35,7 +35,7 @@ options:
     description: Seconds for the download.
     type: int
     default: 60
-author: sgdeploy
+author: sgdeploy contributors (@sgdeploy)
 extends_documentation_fragment:
   - sgdeploy.host.attributes
   - sgdeploy.host.attributes.read_only

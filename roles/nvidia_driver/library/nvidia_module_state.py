@@ -23,7 +23,7 @@ options:
     description: File that records a reboot deferred by an earlier run.
     type: path
     default: /run/nvidia-driver-reboot-pending
-author: sgdeploy
+author: sgdeploy contributors (@sgdeploy)
 extends_documentation_fragment:
   - sgdeploy.host.attributes
   - sgdeploy.host.attributes.read_only

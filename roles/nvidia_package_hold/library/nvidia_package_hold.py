@@ -24,7 +24,7 @@ options:
     type: list
     elements: str
     default: []
-author: sgdeploy
+author: sgdeploy contributors (@sgdeploy)
 extends_documentation_fragment:
   - sgdeploy.host.attributes
 attributes:

@@ -29,7 +29,7 @@ options:
     description: Path whose file system must hold the driver, CUDA and the models.
     type: path
     default: /
-author: sgdeploy
+author: sgdeploy contributors (@sgdeploy)
 extends_documentation_fragment:
   - sgdeploy.host.attributes
   - sgdeploy.host.attributes.read_only

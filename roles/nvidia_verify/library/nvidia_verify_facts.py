@@ -28,7 +28,7 @@ options:
     description: CUDA toolkit directory.
     type: path
     required: true
-author: sgdeploy
+author: sgdeploy contributors (@sgdeploy)
 extends_documentation_fragment:
   - sgdeploy.host.attributes
   - sgdeploy.host.attributes.read_only

@@ -33,6 +33,7 @@ options:
   index_url: {type: str, default: "", description: Package index for the dependencies (empty = installer default).}
   extra_index_urls: {type: list, elements: str, default: [], description: Extra package indexes.}
   installer: {type: str, default: auto, choices: [auto, uv, pip], description: Which installer to use.}
+author: sgdeploy contributors (@sgdeploy)
 extends_documentation_fragment:
   - sgdeploy.host.attributes
 attributes:

@@ -24,6 +24,7 @@ options:
   keep: {type: int, default: 3, description: How many of the newest releases to keep (at least 1).}
   state_dir: {type: path, default: /var/lib/sglang-deploy, description: Deploy state per config.}
   protect: {type: list, elements: str, default: [], description: Labels never to remove.}
+author: sgdeploy contributors (@sgdeploy)
 extends_documentation_fragment:
   - sgdeploy.host.attributes
 attributes:

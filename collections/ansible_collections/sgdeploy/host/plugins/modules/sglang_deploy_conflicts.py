@@ -23,7 +23,7 @@ options:
     description: Config names the operator allows to be replaced (a list or a comma-separated string).
     type: raw
   state_dir: {description: The deploy state folder., type: path, default: /var/lib/sglang-deploy}
-author: sgdeploy contributors
+author: sgdeploy contributors (@sgdeploy)
 extends_documentation_fragment:
   - sgdeploy.host.attributes
   - sgdeploy.host.attributes.read_only

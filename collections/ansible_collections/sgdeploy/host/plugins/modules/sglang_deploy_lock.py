@@ -24,7 +24,7 @@ options:
   step: {description: The step the run is in (shown to a refused run)., type: str}
   take_over: {description: Run id of a holder whose controller process is gone., type: str}
   path: {description: The lock file., type: path, default: /run/sglang-deploy.lock}
-author: sgdeploy contributors
+author: sgdeploy contributors (@sgdeploy)
 extends_documentation_fragment:
   - sgdeploy.host.attributes
 attributes:

@@ -47,7 +47,7 @@ options:
     elements: str
     default: []
   unit_dir: {description: Folder of the units., type: path, default: /etc/systemd/system}
-author: sgdeploy contributors
+author: sgdeploy contributors (@sgdeploy)
 extends_documentation_fragment:
   - sgdeploy.host.attributes
 attributes:
@@ -84,11 +84,22 @@ EXAMPLES = r"""
 
 RETURN = r"""
 plan:
-  description:
-    - predecessors, replaces (their configs), stop_units, disable_units, wait_ports, unchanged, env_changed;
-    - "and drift (C(<file>: <what>) per hand-edited file of the config that runs)."
+  description: What the switch would do.
   returned: success
   type: dict
+  contains:
+    predecessors:
+      description: The running deploys sharing the config name, a GPU or a port (the switch replaces them).
+      type: list
+    replaces: {description: Their configs., type: list}
+    stop_units: {description: Units the switch stops., type: list}
+    disable_units: {description: Enabled but inactive conflicting units it disables., type: list}
+    wait_ports: {description: "[address, port] pairs that must be free before the new unit starts.", type: list}
+    unchanged: {description: "The same unit, release and env file already run, with no drift.", type: bool}
+    env_changed: {description: The env file differs from the installed one (only the verdict)., type: bool}
+    drift:
+      description: "C(<file>: <what>) per hand-edited file of the config that runs (names, never values)."
+      type: list
 interrupted: {description: What an interrupted switch left (empty when none)., returned: success, type: str}
 """
 

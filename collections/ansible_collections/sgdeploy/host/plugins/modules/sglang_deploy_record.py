@@ -24,7 +24,7 @@ options:
   report_path: {description: Gate report on the host (its gates and bench are copied)., type: path}
   rollback: {description: What the rollback did., type: dict}
   message: {description: One line for people., type: str, default: ""}
-author: sgdeploy contributors
+author: sgdeploy contributors (@sgdeploy)
 extends_documentation_fragment:
   - sgdeploy.host.attributes
 attributes:

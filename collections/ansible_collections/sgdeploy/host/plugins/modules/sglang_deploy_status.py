@@ -18,7 +18,7 @@ options:
         whether it serves; each entry of RV(deployed) then has C(healthy).
     type: bool
     default: false
-author: sgdeploy contributors
+author: sgdeploy contributors (@sgdeploy)
 extends_documentation_fragment:
   - sgdeploy.host.attributes
   - sgdeploy.host.attributes.read_only

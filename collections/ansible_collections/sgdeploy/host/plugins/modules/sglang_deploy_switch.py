@@ -41,7 +41,7 @@ options:
     type: str
   env_group: {description: Group that may read the env file (the service group)., type: str, default: sglang}
   swap_previous: {description: commit of a manual rollback., type: bool, default: false}
-author: sgdeploy contributors
+author: sgdeploy contributors (@sgdeploy)
 extends_documentation_fragment:
   - sgdeploy.host.attributes
   - sgdeploy.host.attributes.actiongroup_deploy

@@ -30,7 +30,7 @@ options:
   run_id: {description: Renew this run's lock lease., type: str}
   lease_s: {description: Lease to renew., type: int, default: 300}
   lock_path: {description: The lock file., type: path, default: /run/sglang-deploy.lock}
-author: sgdeploy contributors
+author: sgdeploy contributors (@sgdeploy)
 extends_documentation_fragment:
   - sgdeploy.host.attributes
   - sgdeploy.host.attributes.actiongroup_deploy

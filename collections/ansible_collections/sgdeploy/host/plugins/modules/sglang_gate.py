@@ -50,7 +50,7 @@ options:
       The bench runs against O(url) and it side by side, in the same window with the same prompts, and its
       numbers are a second baseline of the throughput and acceptance gates (docs/router.md).
     type: str
-author: sgdeploy contributors
+author: sgdeploy contributors (@sgdeploy)
 extends_documentation_fragment:
   - sgdeploy.host.attributes
 attributes:

@@ -64,7 +64,7 @@ options:
     description: Free space (GB) that must remain after the transfer.
     type: float
     default: 0
-author: sgdeploy contributors
+author: sgdeploy contributors (@sgdeploy)
 extends_documentation_fragment:
   - sgdeploy.host.attributes
   - sgdeploy.host.model_attributes.hub

@@ -36,7 +36,7 @@ options:
     description: Seconds to wait at most before reporting.
     type: float
     default: 30
-author: sgdeploy contributors
+author: sgdeploy contributors (@sgdeploy)
 extends_documentation_fragment:
   - sgdeploy.host.attributes
 attributes:

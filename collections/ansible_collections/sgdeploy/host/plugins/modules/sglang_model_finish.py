@@ -43,7 +43,7 @@ options:
   owner:
     description: Owner of the folder and its files.
     type: str
-author: sgdeploy contributors
+author: sgdeploy contributors (@sgdeploy)
 extends_documentation_fragment:
   - sgdeploy.host.attributes
 attributes:

@@ -32,7 +32,7 @@ options:
   root:
     description: The models root; hf and controller folders must lie under it.
     type: path
-author: sgdeploy contributors
+author: sgdeploy contributors (@sgdeploy)
 extends_documentation_fragment:
   - sgdeploy.host.attributes
   - sgdeploy.host.attributes.read_only

@@ -34,7 +34,7 @@ options:
     type: list
     elements: path
     default: []
-author: sgdeploy contributors
+author: sgdeploy contributors (@sgdeploy)
 extends_documentation_fragment:
   - sgdeploy.host.attributes
 attributes:

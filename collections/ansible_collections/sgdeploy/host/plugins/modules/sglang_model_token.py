@@ -31,7 +31,7 @@ options:
   path:
     description: The file to remove (O(state=absent)).
     type: path
-author: sgdeploy contributors
+author: sgdeploy contributors (@sgdeploy)
 extends_documentation_fragment:
   - sgdeploy.host.attributes
 attributes:

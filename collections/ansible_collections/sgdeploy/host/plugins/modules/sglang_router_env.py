@@ -19,7 +19,7 @@ options:
   env_dir: {description: Folder of the environment files., type: path, default: /etc/sglang}
   group: {description: Group that may read the file (the router's user)., type: str, default: sglang-router}
   api_key: {description: "The engines' API key; empty for none. Never logged.", type: str, default: ""}
-author: sgdeploy contributors
+author: sgdeploy contributors (@sgdeploy)
 extends_documentation_fragment:
   - sgdeploy.host.attributes
 attributes:

@@ -19,7 +19,7 @@ options:
   version: {description: The pinned sglang-router version., type: str, required: true}
   sha256: {description: The wheel's pinned sha256 (64 hex digits)., type: str, required: true}
   python: {description: Interpreter the venv is made from., type: path, default: /usr/bin/python3}
-author: sgdeploy contributors
+author: sgdeploy contributors (@sgdeploy)
 extends_documentation_fragment:
   - sgdeploy.host.attributes
 attributes:

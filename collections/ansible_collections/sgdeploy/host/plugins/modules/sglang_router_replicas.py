@@ -19,7 +19,7 @@ options:
     type: str
   state_dir: {description: The deploy state folder., type: path, default: /var/lib/sglang-deploy}
   unit_dir: {description: Where the router units are., type: path, default: /etc/systemd/system}
-author: sgdeploy contributors
+author: sgdeploy contributors (@sgdeploy)
 extends_documentation_fragment:
   - sgdeploy.host.attributes
   - sgdeploy.host.attributes.read_only

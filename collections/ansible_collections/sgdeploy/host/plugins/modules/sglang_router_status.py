@@ -14,7 +14,7 @@ description:
   - Read-only; runs in check mode.
 options:
   unit_dir: {description: Folder of the unit files., type: path, default: /etc/systemd/system}
-author: sgdeploy contributors
+author: sgdeploy contributors (@sgdeploy)
 extends_documentation_fragment:
   - sgdeploy.host.attributes
   - sgdeploy.host.attributes.read_only

@@ -16,7 +16,7 @@ options:
   present: {description: Worker URLs that must be in the router., type: list, elements: str, default: []}
   absent: {description: Worker URLs that must not be in the router., type: list, elements: str, default: []}
   timeout_s: {description: Longest wait for the router to settle., type: int, default: 60}
-author: sgdeploy contributors
+author: sgdeploy contributors (@sgdeploy)
 extends_documentation_fragment:
   - sgdeploy.host.attributes
 attributes:
