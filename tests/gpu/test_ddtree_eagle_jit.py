@@ -29,7 +29,7 @@ default ``build/eagle-jit/carry/pristine`` if present, else ``sglang_loader.UPST
 folder). Needs apache-tvm-ffi, msgspec, nvcc and ninja; sampling also needs flashinfer's
 headers (the installed package, else the stand-in ``build/eagle-jit/carry/flashinfer``) and
 curand's (the toolkit's, else ``build/eagle-jit/carry/curand`` if present, via CPATH).
-docs/benchmarks.md ("DDTree verify and accept") gives the recipe of that folder.
+docs/results/benchmarks-history.md ("DDTree verify and accept") gives the recipe of that folder.
 
     python tests/gpu/test_ddtree_eagle_jit.py   # writes $OUT/ddtree_eagle_jit.json if OUT is set
 """

@@ -100,8 +100,8 @@ RECORDED = sorted((Path(__file__).resolve().parents[2] / "docs" / "results").glo
 
 @pytest.mark.parametrize("folder", RECORDED, ids=[p.name for p in RECORDED])
 def test_the_recorded_acceptance_table_is_what_its_raw_results_give(folder, tmp_path):
-    """docs/benchmarks.md quotes these tables: each must come out of the raw results next to it, the calls
-    merged in their order (a later call's server wins), by the script in the repository."""
+    """docs/results/benchmarks-history.md quotes these tables: each must come out of the raw results next to it,
+    the calls merged in their order (a later call's server wins), by the script in the repository."""
     calls = sorted(folder.glob("results-call*.json"))
     assert calls, f"{folder}: no raw results"
     assert analysis.main([*map(str, calls), "--out", str(tmp_path)]) == 0

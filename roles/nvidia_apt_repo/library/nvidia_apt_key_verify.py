@@ -35,7 +35,27 @@ options:
     description: Seconds for the download.
     type: int
     default: 60
-author: sgdeploy
+author: sgdeploy contributors (@sgdeploy)
+extends_documentation_fragment:
+  - sgdeploy.host.attributes
+  - sgdeploy.host.attributes.read_only
+"""
+
+EXAMPLES = r"""
+# A module of the role nvidia_apt_repo (roles/nvidia_apt_repo/library): its tasks call it; ansible.legacy is its fully qualified name.
+- name: Download the repository key and verify its fingerprint (changes nothing)
+  ansible.legacy.nvidia_apt_key_verify:
+    url: https://developer.download.nvidia.com/compute/cuda/repos/ubuntu2404/x86_64/3bf863cc.pub
+    fingerprint: EB693B3035CD5710E231E123A4B469963BF863CC
+    fingerprint_variable: nvidia_apt_repo_key_fingerprint
+  register: repo_key
+  check_mode: false
+
+- name: Install the verified key as the repository's keyring
+  ansible.builtin.copy:
+    content: "{{ repo_key.key }}"
+    dest: /usr/share/keyrings/cuda-archive-keyring.asc
+    mode: "0644"
 """
 
 RETURN = r"""
@@ -43,7 +63,7 @@ key:
   description: the verified key, ASCII-armored, to install as the repository's keyring
   type: str
   returned: success
-fingerprint: {description: its full fingerprint (upper case, no spaces), type: str, returned: success}
+fingerprint: {description: "its full fingerprint (upper case, no spaces)", type: str, returned: success}
 uids: {description: its user IDs, type: list, elements: str, returned: success}
 """
 

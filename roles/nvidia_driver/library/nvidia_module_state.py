@@ -23,7 +23,23 @@ options:
     description: File that records a reboot deferred by an earlier run.
     type: path
     default: /run/nvidia-driver-reboot-pending
-author: sgdeploy
+author: sgdeploy contributors (@sgdeploy)
+extends_documentation_fragment:
+  - sgdeploy.host.attributes
+  - sgdeploy.host.attributes.read_only
+"""
+
+EXAMPLES = r"""
+# A module of the role nvidia_driver (roles/nvidia_driver/library): its tasks call it; ansible.legacy is its fully qualified name.
+- name: Read the installed and the loaded kernel module
+  ansible.legacy.nvidia_module_state:
+    loaded_version_file: /sys/module/nvidia/version
+    pending_marker: /run/nvidia-driver-reboot-pending
+  register: driver_module
+
+- name: Check a kernel module was built for the running kernel
+  ansible.builtin.assert:
+    that: driver_module.installed_version | length > 0
 """
 
 RETURN = r"""

@@ -24,7 +24,25 @@ options:
     type: list
     elements: str
     default: []
-author: sgdeploy
+author: sgdeploy contributors (@sgdeploy)
+extends_documentation_fragment:
+  - sgdeploy.host.attributes
+attributes:
+  check_mode:
+    support: full
+    details:
+      - Reports the packages it would put on hold (RV(newly_held)); changes nothing.
+  diff_mode:
+    support: none
+"""
+
+EXAMPLES = r"""
+# A module of the role nvidia_package_hold (roles/nvidia_package_hold/library): its tasks call it; ansible.legacy is its fully qualified name.
+- name: Hold the installed NVIDIA driver and CUDA packages
+  ansible.legacy.nvidia_package_hold:
+    patterns: ["^nvidia-", "^libnvidia-", "^cuda-"]
+    exclude: ["^cuda-keyring$", "^nvidia-container-"]
+  register: held
 """
 
 RETURN = r"""

@@ -29,7 +29,23 @@ options:
     description: Path whose file system must hold the driver, CUDA and the models.
     type: path
     default: /
-author: sgdeploy
+author: sgdeploy contributors (@sgdeploy)
+extends_documentation_fragment:
+  - sgdeploy.host.attributes
+  - sgdeploy.host.attributes.read_only
+"""
+
+EXAMPLES = r"""
+# A module of the role nvidia_preflight (roles/nvidia_preflight/library): its tasks call it; ansible.legacy is its fully qualified name.
+- name: Read the host's distribution, Secure Boot state, PCI devices and free disk
+  ansible.legacy.nvidia_preflight_facts:
+    mok_key: /var/lib/dkms/mok.pub
+    disk_path: /var/lib/sglang
+  register: preflight
+
+- name: Check the distribution is supported
+  ansible.builtin.assert:
+    that: preflight.distribution in ['ubuntu:22.04', 'ubuntu:24.04']
 """
 
 RETURN = r"""

@@ -28,7 +28,24 @@ options:
     description: CUDA toolkit directory.
     type: path
     required: true
-author: sgdeploy
+author: sgdeploy contributors (@sgdeploy)
+extends_documentation_fragment:
+  - sgdeploy.host.attributes
+  - sgdeploy.host.attributes.read_only
+"""
+
+EXAMPLES = r"""
+# A module of the role nvidia_verify (roles/nvidia_verify/library): its tasks call it; ansible.legacy is its fully qualified name.
+- name: Read the module flavour, the loaded driver, the GPUs and nvcc
+  ansible.legacy.nvidia_verify_facts:
+    loaded_version_file: /sys/module/nvidia/version
+    pending_marker: /run/nvidia-driver-reboot-pending
+    cuda_home: /usr/local/cuda-13.0
+  register: verify
+
+- name: Check the kernel module is the open flavour
+  ansible.builtin.assert:
+    that: verify.module_license == 'Dual MIT/GPL'
 """
 
 RETURN = r"""

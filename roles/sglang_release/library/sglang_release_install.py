@@ -26,13 +26,43 @@ options:
     type: str
     default: ""
     description: The sha256 recorded at the wheel's build; a wheel on the host with another digest is refused.
-  patches: {type: list, elements: str, default: [], description: Patch file names, in order.}
+  patches: {type: list, elements: str, default: [], description: "Patch file names, in order."}
   features: {type: list, elements: str, default: [], description: Patch features.}
   python: {type: path, default: /usr/bin/python3, description: Interpreter the venv is made from.}
   install_deps: {type: bool, default: true, description: Install the wheel's dependencies from the index.}
   index_url: {type: str, default: "", description: Package index for the dependencies (empty = installer default).}
   extra_index_urls: {type: list, elements: str, default: [], description: Extra package indexes.}
   installer: {type: str, default: auto, choices: [auto, uv, pip], description: Which installer to use.}
+author: sgdeploy contributors (@sgdeploy)
+extends_documentation_fragment:
+  - sgdeploy.host.attributes
+attributes:
+  check_mode:
+    support: full
+    details:
+      - Checks the wheel (label, sha256, Python tag) and reports whether an install would happen; installs nothing.
+  diff_mode:
+    support: none
+"""
+
+EXAMPLES = r"""
+# A module of the role sglang_release (roles/sglang_release/library): its tasks call it; ansible.legacy is its fully qualified name.
+- name: Install the release virtualenv
+  ansible.legacy.sglang_release_install:
+    release_dir: /opt/sglang/releases/59d01d1e39ee
+    wheel: /opt/sglang/releases/59d01d1e39ee/sglang-0.5.23+59d01d1e39ee-cp312-cp312-linux_x86_64.whl
+    label: 59d01d1e39ee
+    wheel_sha256: "{{ wheel_sha256 }}"  # recorded at the wheel's build (make wheel)
+    patches:
+      - 0001-ddtree-speculative-decoding.patch
+      - 0002-ddtree-recurrent-state-forking.patch
+      - 0003-fused-depth-topk.patch
+      - 0004-ddtree-tree-conv.patch
+    features: [ddtree, fork, topk]
+    python: /usr/bin/python3
+    install_deps: true
+    installer: auto
+  register: release
 """
 
 RETURN = r"""

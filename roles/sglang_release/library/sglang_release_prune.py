@@ -24,11 +24,32 @@ options:
   keep: {type: int, default: 3, description: How many of the newest releases to keep (at least 1).}
   state_dir: {type: path, default: /var/lib/sglang-deploy, description: Deploy state per config.}
   protect: {type: list, elements: str, default: [], description: Labels never to remove.}
+author: sgdeploy contributors (@sgdeploy)
+extends_documentation_fragment:
+  - sgdeploy.host.attributes
+attributes:
+  check_mode:
+    support: full
+    details:
+      - Reports the labels it would remove (RV(removed)); removes nothing.
+  diff_mode:
+    support: none
+"""
+
+EXAMPLES = r"""
+# A module of the role sglang_release (roles/sglang_release/library): its tasks call it; ansible.legacy is its fully qualified name.
+- name: Prune old releases (never a config's current or previous one)
+  ansible.legacy.sglang_release_prune:
+    root: /opt/sglang/releases
+    keep: 3
+    state_dir: /var/lib/sglang-deploy
+    protect: [59d01d1e39ee]
+  register: pruned
 """
 
 RETURN = r"""
 removed: {description: Labels removed (or that would be)., type: list, returned: always}
-kept: {description: Labels kept, newest first., type: list, returned: always}
+kept: {description: "Labels kept, newest first.", type: list, returned: always}
 in_use: {description: Labels named by current/previous deploy state., type: list, returned: always}
 """
 

@@ -1,19 +1,13 @@
-"""Attributes and options shared by the sgdeploy.host model modules (extends_documentation_fragment)."""
+"""Options shared by the sgdeploy.host model modules that talk to the hub (extends_documentation_fragment).
+
+Check and diff support of every module: the fragment ``sgdeploy.host.attributes``.
+"""
 
 from __future__ import annotations
 
 
 class ModuleDocFragment:
-    # A module that changes files: full check mode, a diff of the folder's files before and after.
-    DOCUMENTATION = r"""
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: full
-"""
-
-    # The options of a module that talks to the hub.
+    # The options of a module that talks to the hub (sgdeploy.host.model_attributes.hub).
     HUB = r"""
 options:
   endpoint:
@@ -24,13 +18,4 @@ options:
     description: Seconds one HTTP request may stall.
     type: float
     default: 60
-"""
-
-    # A module that only reads (or keeps nothing): full check mode, no diff.
-    READ_ONLY = r"""
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: none
 """

@@ -13,6 +13,7 @@ description:
     takes another config over whole (all its GPUs; a shared port only port for port or NCCL port for NCCL port)
     needs no name; a rollback, which stops only the config it rolls back, always does.
   - Read-only; the same in check mode.
+  - Exactly one of O(deploy) and O(rollback_of).
 options:
   deploy: {description: The deploy description (render output)., type: dict}
   rollback_of:
@@ -22,6 +23,31 @@ options:
     description: Config names the operator allows to be replaced (a list or a comma-separated string).
     type: raw
   state_dir: {description: The deploy state folder., type: path, default: /var/lib/sglang-deploy}
+author: sgdeploy contributors (@sgdeploy)
+extends_documentation_fragment:
+  - sgdeploy.host.attributes
+  - sgdeploy.host.attributes.read_only
+"""
+
+EXAMPLES = r"""
+- name: Find what the deploy would stop or displace (refused unless replaces names it)
+  sgdeploy.host.sglang_deploy_conflicts:
+    deploy: "{{ deploy }}"  # sgdeploy render --json, plus the release
+    replaces: "{{ replaces | default('') }}"
+    state_dir: /var/lib/sglang-deploy
+  register: conflicts
+  failed_when: false
+
+- name: Refuse the deploy, before any change, when a config nobody named would be displaced
+  ansible.builtin.fail:
+    msg: "DEPLOY REFUSED on {{ inventory_hostname }} before any change: {{ conflicts.msg }}"
+  when: conflicts.displaced is not defined
+
+- name: Check what a manual rollback of ddtree-b15 would bring back onto (ar may be stopped)
+  sgdeploy.host.sglang_deploy_conflicts:
+    rollback_of: ddtree-b15
+    replaces: ar
+    state_dir: /var/lib/sglang-deploy
 """
 
 RETURN = r"""

@@ -19,15 +19,59 @@ options:
   run_id: {description: The run's id., type: str, required: true}
   controller: {description: The controller host running the run., type: str, default: ""}
   controller_pid: {description: The run's ansible-playbook process on the controller., type: int}
-  operation: {description: What the run does (deploy, rollback)., type: str, default: deploy}
+  operation: {description: "What the run does (deploy or rollback).", type: str, default: deploy}
   lease_s: {description: Seconds the lease lasts from now., type: int, default: 300}
   step: {description: The step the run is in (shown to a refused run)., type: str}
   take_over: {description: Run id of a holder whose controller process is gone., type: str}
   path: {description: The lock file., type: path, default: /run/sglang-deploy.lock}
+author: sgdeploy contributors (@sgdeploy)
+extends_documentation_fragment:
+  - sgdeploy.host.attributes
+attributes:
+  check_mode:
+    support: full
+    details:
+      - Writes nothing; O(state=acquired) still fails, as a real run would, while another live run holds the lock.
+  diff_mode:
+    support: none
+    details:
+      - The lock lives in /run for the length of one run; it is never reported as a change.
+"""
+
+EXAMPLES = r"""
+- name: Take the host's deploy lock for this run (fails while another live run holds it)
+  sgdeploy.host.sglang_deploy_lock:
+    run_id: 20261203T141000Z-k3v9x2ab
+    controller: ctl1
+    controller_pid: 48211
+    operation: deploy
+    lease_s: 300
+  register: lock_try
+  failed_when: false
+
+- name: Take over the lock of a run whose ansible-playbook is gone
+  sgdeploy.host.sglang_deploy_lock:
+    run_id: 20261203T141000Z-k3v9x2ab
+    controller: ctl1
+    controller_pid: 48211
+    take_over: "{{ lock_try.held.run_id }}"
+  when: lock_try.held is defined
+
+- name: Extend the lease over the gates (one long step)
+  sgdeploy.host.sglang_deploy_lock:
+    state: renewed
+    run_id: 20261203T141000Z-k3v9x2ab
+    lease_s: 1800
+    step: gates
+
+- name: Release the lock at the end of the run
+  sgdeploy.host.sglang_deploy_lock:
+    state: released
+    run_id: 20261203T141000Z-k3v9x2ab
 """
 
 RETURN = r"""
-lock: {description: The lock as written (or as held, in check mode)., returned: success, type: dict}
+lock: {description: "The lock as written (or as held, in check mode).", returned: success, type: dict}
 recovered: {description: Why a stale lock was taken over (empty when it was not)., returned: success, type: str}
 released: {description: Whether the lock was removed (state=released)., returned: success, type: bool}
 """

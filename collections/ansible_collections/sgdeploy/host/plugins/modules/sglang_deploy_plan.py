@@ -11,16 +11,16 @@ description:
     anything else (refused here, before any change); whether the same unit, release and env file
     already run (the env file rendered on the host for this run, secrets included, is compared by
     digest with the installed one on the host; only the verdict is returned).
-  - Drift (RV(plan.drift)) - the installed unit and env file of the config that runs are compared with what
+  - "Drift (RV(plan.drift)) - the installed unit and env file of the config that runs are compared with what
     this deploy renders and with the digests its commit recorded, and their modes and owners with 0644
     root:root and 0640 root:<env_group>; a drifted file is a change (the switch installs the rendered
     files again and the gates run). Each entry is C(<file>: <what>), naming settings and variables,
-    never a value.
+    never a value."
   - Also reports a switch journal left behind by an interrupted run (RV(interrupted)).
-  - Read-only. In check mode (C(make plan)) it is the one task that says what a real run would change:
+  - "Read-only. In check mode (C(make plan)) it is the one task that says what a real run would change:
     C(changed) exactly when the deploy is not already running unchanged, with the diff of the new unit
     against the installed one it replaces, and of the env file with every secret value redacted (names
-    only; C(NAME=<secret, changed>) when a value differs).
+    only; C(NAME=<secret, changed>) when a value differs)."
 options:
   deploy: {description: The deploy description (render output plus the release)., type: dict, required: true}
   gpu_count: {description: GPUs the host has (inventory gpu_count)., type: int, required: true}
@@ -38,8 +38,8 @@ options:
     type: str
   env_group:
     description:
-      - The service group, the env file's group (drift: the unit must be 0644 root:root, the env file 0640
-        root:<env_group>). Unset, the installed files are not checked for drift.
+      - "The service group, the env file's group (drift: the unit must be 0644 root:root, the env file 0640
+        root:<env_group>). Unset, the installed files are not checked for drift."
     type: str
   secret_keys:
     description: Names of the secret variables (their values are redacted in the diff).
@@ -47,15 +47,59 @@ options:
     elements: str
     default: []
   unit_dir: {description: Folder of the units., type: path, default: /etc/systemd/system}
+author: sgdeploy contributors (@sgdeploy)
+extends_documentation_fragment:
+  - sgdeploy.host.attributes
+attributes:
+  check_mode:
+    support: full
+    details:
+      - Changes nothing in either mode. In check mode it reports C(changed) exactly when the deploy is not already
+        running unchanged, which is what a real run would change.
+  diff_mode:
+    support: partial
+    details:
+      - In check mode only, the diff of the new unit and of the env file (secret values redacted) against the
+        installed ones; a real run returns no diff.
+"""
+
+EXAMPLES = r"""
+- name: Plan the switch (read-only; in check mode, the diff of what a real run would change)
+  sgdeploy.host.sglang_deploy_plan:
+    deploy: "{{ deploy }}"  # sgdeploy render --json, plus the release
+    gpu_count: 1
+    state_dir: /var/lib/sglang-deploy
+    env_dir: /etc/sglang
+    env_src: /var/lib/sglang-deploy/runs/20261203T141000Z-k3v9x2ab/ddtree-b15.env
+    env_text: "{{ lookup('ansible.builtin.template', 'sglang.env.j2') if ansible_check_mode else omit }}"
+    unit_text: "{{ lookup('ansible.builtin.file', deploy.unit) ~ '\n' }}"
+    env_group: sglang
+    secret_keys: [SGLANG_API_KEY]
+  register: plan
+
+- name: Say what the switch stops and whether anything changes
+  ansible.builtin.debug:
+    msg: "stops {{ plan.plan.stop_units }}; unchanged: {{ plan.plan.unchanged }}; drift: {{ plan.plan.drift }}"
 """
 
 RETURN = r"""
 plan:
-  description:
-    - predecessors, replaces (their configs), stop_units, disable_units, wait_ports, unchanged, env_changed;
-    - and drift (C(<file>: <what>) per hand-edited file of the config that runs).
+  description: What the switch would do.
   returned: success
   type: dict
+  contains:
+    predecessors:
+      description: The running deploys sharing the config name, a GPU or a port (the switch replaces them).
+      type: list
+    replaces: {description: Their configs., type: list}
+    stop_units: {description: Units the switch stops., type: list}
+    disable_units: {description: Enabled but inactive conflicting units it disables., type: list}
+    wait_ports: {description: "[address, port] pairs that must be free before the new unit starts.", type: list}
+    unchanged: {description: "The same unit, release and env file already run, with no drift.", type: bool}
+    env_changed: {description: The env file differs from the installed one (only the verdict)., type: bool}
+    drift:
+      description: "C(<file>: <what>) per hand-edited file of the config that runs (names, never values)."
+      type: list
 interrupted: {description: What an interrupted switch left (empty when none)., returned: success, type: str}
 """
 

@@ -5,6 +5,11 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 module: sglang_deploy_record
 short_description: Write a deploy record on the host (one file per attempt, never overwritten)
+description:
+  - Builds the record of one deploy, rollback or failure (the gate verdicts and bench copied from
+    O(report_path)) and writes it as a new file in O(records_dir); an existing record is never
+    overwritten.
+  - In check mode the record is built (and checked) but not written; RV(path) is empty.
 options:
   records_dir: {description: The config's records folder., type: path, required: true}
   config: {description: Config name., type: str, required: true}
@@ -19,6 +24,45 @@ options:
   report_path: {description: Gate report on the host (its gates and bench are copied)., type: path}
   rollback: {description: What the rollback did., type: dict}
   message: {description: One line for people., type: str, default: ""}
+author: sgdeploy contributors (@sgdeploy)
+extends_documentation_fragment:
+  - sgdeploy.host.attributes
+attributes:
+  check_mode:
+    support: full
+    details:
+      - Builds and checks the record, writes nothing.
+  diff_mode:
+    support: none
+"""
+
+EXAMPLES = r"""
+- name: Write the deploy record
+  sgdeploy.host.sglang_deploy_record:
+    records_dir: /var/lib/sglang-deploy/ddtree-b15/records
+    config: ddtree-b15
+    host: gpu1
+    release: 59d01d1e39ee
+    outcome: deployed
+    patches: [0001-ddtree-speculative-decoding.patch, 0002-ddtree-recurrent-state-forking.patch]
+    features: [ddtree, fork]
+    started: "2026-12-03T14:10:00Z"
+    unit_digest: "{{ deploy.digest }}"
+    report_path: /var/lib/sglang-deploy/ddtree-b15/staged/gates.json
+    message: ddtree-b15 deployed on gpu1 (release 59d01d1e39ee); gates passed
+  register: record
+  changed_when: false
+
+- name: Record a failed manual rollback
+  sgdeploy.host.sglang_deploy_record:
+    records_dir: /var/lib/sglang-deploy/ddtree-b15/records
+    config: ddtree-b15
+    host: gpu1
+    release: stock
+    outcome: failed
+    started: "2026-12-03T14:10:00Z"
+    rollback: {manual: true, restored: [], restored_healthy: false}
+    message: manual rollback failed; what ran before was restored
 """
 
 RETURN = r"""

@@ -5,6 +5,9 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 module: sglang_deploy_status
 short_description: What sgdeploy runs on this host, the lock holder and any interrupted switch (read-only)
+description:
+  - Reads the deploy state folder, the lock file and the switch journal; with O(probe), also asks each
+    running deploy's C(/health).
 options:
   state_dir: {description: The deploy state folder., type: path, default: /var/lib/sglang-deploy}
   lock_path: {description: The lock file., type: path, default: /run/sglang-deploy.lock}
@@ -15,6 +18,29 @@ options:
         whether it serves; each entry of RV(deployed) then has C(healthy).
     type: bool
     default: false
+author: sgdeploy contributors (@sgdeploy)
+extends_documentation_fragment:
+  - sgdeploy.host.attributes
+  - sgdeploy.host.attributes.read_only
+"""
+
+EXAMPLES = r"""
+- name: Read what runs on the host, with a health probe of each deploy
+  sgdeploy.host.sglang_deploy_status:
+    state_dir: /var/lib/sglang-deploy
+    probe: true
+  register: status
+
+- name: Read the current and previous deploy of one config (before a manual rollback)
+  sgdeploy.host.sglang_deploy_status:
+    state_dir: /var/lib/sglang-deploy
+    config: ddtree-b15
+  register: rollback_state
+
+- name: Refuse when there is nothing to roll back to
+  ansible.builtin.assert:
+    that: rollback_state.previous is not none and rollback_state.previous_has_unit
+    fail_msg: "config ddtree-b15: no previous deploy recorded; nothing to roll back to"
 """
 
 RETURN = r"""
@@ -24,7 +50,7 @@ deployed:
     - With O(probe), also healthy (true when /health answers 200, false when not, null when the unit is not active).
   returned: always
   type: list
-lock: {description: The lock holder, described (empty when free)., returned: always, type: str}
+lock: {description: "The lock holder, described (empty when free).", returned: always, type: str}
 interrupted: {description: What an interrupted switch left (empty when none)., returned: always, type: str}
 uncommitted:
   description:
@@ -38,6 +64,10 @@ previous:
   description: previous.json of O(config) without its texts (null when none).
   returned: with config
   type: dict
+previous_has_unit:
+  description: previous.json of O(config) keeps a unit text to roll back to.
+  returned: with config
+  type: bool
 """
 
 import glob  # noqa: E402

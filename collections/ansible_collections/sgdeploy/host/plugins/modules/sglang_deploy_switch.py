@@ -9,13 +9,14 @@ description:
   - C(recover) undoes a switch journal left by a run that is gone (the caller holds the lock), and
     says what it found; it also removes the staging folders (C(runs/<id>/), with their env files) of
     runs that are gone (RV(removed_runs)); C(begin) backs up every unit the switch touches and writes the journal;
-    C(stop) stops the replaced units (systemd sends SIGTERM: SGLang stops admitting requests and
+    C(stop) stops the replaced units (systemd sends SIGTERM; SGLang stops admitting requests and
     drains, bounded by TimeoutStopSec) and disables enabled-but-inactive conflicting units;
     C(install) puts the new unit and env file in place; C(start) resets the failed state, starts
     the new unit and journals the restart baseline; C(gating) marks the gates; C(undo) rolls back;
     C(commit) records current and previous and enables the new unit.
   - Every step writes the journal (write, fsync, rename) before it acts. Undo restarts the old
     units first and writes the state after.
+  - O(deploy) is required with O(action=begin).
 options:
   action:
     description: The step.
@@ -26,8 +27,8 @@ options:
   state_dir: {description: The deploy state folder., type: path, default: /var/lib/sglang-deploy}
   env_dir: {description: Folder of the env files., type: path, default: /etc/sglang}
   unit_dir: {description: Folder of the units., type: path, default: /etc/systemd/system}
-  deploy: {description: The deploy description (begin; install in check mode, for the diff)., type: dict}
-  unit_text: {description: The new unit's text (install in check mode, for the diff)., type: str}
+  deploy: {description: "The deploy description (begin; install in check mode, for the diff).", type: dict}
+  unit_text: {description: "The new unit's text (install in check mode, for the diff).", type: str}
   stop_units: {description: Units the switch replaces (begin)., type: list, elements: str, default: []}
   disable_units: {description: Enabled but inactive conflicting units (begin)., type: list, elements: str, default: []}
   unit_src: {description: The staged unit file on the host (install)., type: path}
@@ -40,6 +41,70 @@ options:
     type: str
   env_group: {description: Group that may read the env file (the service group)., type: str, default: sglang}
   swap_previous: {description: commit of a manual rollback., type: bool, default: false}
+author: sgdeploy contributors (@sgdeploy)
+extends_documentation_fragment:
+  - sgdeploy.host.attributes
+  - sgdeploy.host.attributes.actiongroup_deploy
+attributes:
+  check_mode:
+    support: partial
+    details:
+      - C(recover) reports what it would undo; C(install) with O(deploy) reports whether the unit would change.
+      - The other steps change nothing in check mode and report C(changed).
+  diff_mode:
+    support: partial
+    details:
+      - C(install) returns the diff of the unit file; never of the env file, which holds secrets.
+"""
+
+EXAMPLES = r"""
+# The steps of one switch, in the order the role sglang_deploy runs them (docs/crash-safety.md). The
+# action group sets state_dir and run_id once (meta/runtime.yml).
+- name: Switch to the deploy (journaled)
+  module_defaults:
+    group/sgdeploy.host.deploy:
+      state_dir: /var/lib/sglang-deploy
+      run_id: 20261203T141000Z-k3v9x2ab
+  block:
+    - name: Undo what an interrupted run left (under the lock)
+      sgdeploy.host.sglang_deploy_switch:
+        action: recover
+      register: recovered
+
+    - name: Back up every unit the switch touches and write the journal
+      sgdeploy.host.sglang_deploy_switch:
+        action: begin
+        deploy: "{{ deploy }}"  # sgdeploy render --json, plus the release
+        stop_units: "{{ plan.plan.stop_units }}"
+        disable_units: "{{ plan.plan.disable_units }}"
+
+    - name: Stop the services the new one replaces (they drain)
+      sgdeploy.host.sglang_deploy_switch:
+        action: stop
+
+    - name: Install the new unit and env file
+      sgdeploy.host.sglang_deploy_switch:
+        action: install
+        env_dir: /etc/sglang
+        unit_src: /var/lib/sglang-deploy/runs/20261203T141000Z-k3v9x2ab/sglang-ddtree-b15.service
+        env_src: /var/lib/sglang-deploy/runs/20261203T141000Z-k3v9x2ab/ddtree-b15.env
+        env_group: sglang
+
+    - name: Start the new service (enabled only by the commit)
+      sgdeploy.host.sglang_deploy_switch:
+        action: start
+
+    - name: Record current and previous, enable the new unit
+      sgdeploy.host.sglang_deploy_switch:
+        action: commit
+
+- name: Roll the switch back (the old units are restarted first)
+  sgdeploy.host.sglang_deploy_switch:
+    action: undo
+    run_id: 20261203T141000Z-k3v9x2ab
+    state_dir: /var/lib/sglang-deploy
+    env_dir: /etc/sglang
+  register: undo
 """
 
 RETURN = r"""
@@ -47,8 +112,13 @@ journal:
   description: The journal after the step (secrets are never in it).
   returned: begin, stop, install, start, gating
   type: dict
-found: {description: What recover or undo found., returned: recover, undo, type: str}
-restarted: {description: Units restarted by an undo, with their current.json., returned: recover, undo, type: list}
+found: {description: What recover or undo found., returned: "recover, undo", type: str}
+restarted: {description: "Units restarted by an undo, with their current.json.", returned: "recover, undo",
+            type: list}
+step: {description: The step the undone switch had reached (null when nothing was undone).,
+       returned: "recover, undo", type: str}
+run_id: {description: The run whose switch was undone., returned: recover or undo of a switch, type: str}
+config: {description: The config of the undone switch., returned: recover or undo of a switch, type: str}
 notes:
   description: Problems met while undoing (the old service was restarted first).
   returned: recover, undo

@@ -11,6 +11,7 @@ description:
   - C(healthy) judges restarts against the baseline journaled at this start (O(baseline) overrides it),
     and stops early when the unit failed, stopped or restarted.
   - Read-only apart from the lease; runs in check mode (then it does not wait).
+  - O(url) is required with O(what=healthy).
 options:
   what: {description: What to wait for., type: str, required: true, choices: [healthy, stopped]}
   url: {description: The service's base URL (healthy)., type: str}
@@ -29,13 +30,57 @@ options:
   run_id: {description: Renew this run's lock lease., type: str}
   lease_s: {description: Lease to renew., type: int, default: 300}
   lock_path: {description: The lock file., type: path, default: /run/sglang-deploy.lock}
+author: sgdeploy contributors (@sgdeploy)
+extends_documentation_fragment:
+  - sgdeploy.host.attributes
+  - sgdeploy.host.attributes.actiongroup_deploy
+attributes:
+  check_mode:
+    support: partial
+    details:
+      - Neither waits nor renews the lease; returns at once with RV(done) and RV(ok) true and RV(state=check).
+  diff_mode:
+    support: none
+"""
+
+EXAMPLES = r"""
+- name: Wait until the replaced services have stopped and every port is free
+  sgdeploy.host.sglang_deploy_wait:
+    what: stopped
+    units: [sglang-ar.service]
+    ports: [[127.0.0.1, 30000]]
+    timeout_s: 180
+    state_dir: /var/lib/sglang-deploy
+    run_id: 20261203T141000Z-k3v9x2ab
+    lease_s: 300
+  register: stopped
+  until: stopped.done
+  retries: 9
+  delay: 0
+
+- name: Wait for health and warm up (model load can take minutes; progress every 25 s)
+  sgdeploy.host.sglang_deploy_wait:
+    what: healthy
+    url: http://127.0.0.1:30000
+    unit: sglang-ddtree-b15.service
+    answers: 3
+    timeout_s: 1800
+    state_dir: /var/lib/sglang-deploy
+    run_id: 20261203T141000Z-k3v9x2ab
+    lease_s: 300
+  register: health
+  until: health.done
+  retries: 74
+  delay: 0
 """
 
 RETURN = r"""
 done: {description: Whether waiting is over (RV(ok) says how it ended)., returned: always, type: bool}
 ok: {description: Whether it ended as wanted., returned: always, type: bool}
 state:
-  description: healthy, exited, stopped, held (a port kept by something this deploy does not stop), timeout or waiting.
+  description:
+    - healthy, exited, stopped, held (a port kept by something this deploy does not stop), timeout or waiting
+      (check in check mode).
   returned: always
   type: str
 elapsed_s: {description: Seconds since O(since)., returned: always, type: float}

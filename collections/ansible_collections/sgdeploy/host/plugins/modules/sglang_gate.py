@@ -14,7 +14,7 @@ description:
   - The baseline is the last good deploy of O(config) on O(host) in O(records_dir); with O(peer_url), also
     the old replica's bench measured in the same window.
   - The same code as the controller's C(sgdeploy gate) (module_utils C(sglang_gate)).
-  - Never fails the task because a gate failed; the verdicts are return values (R(passed), R(failed_gates)).
+  - Never fails the task because a gate failed; the verdicts are return values (RV(passed), RV(failed_gates)).
     Fails only on bad input.
   - In check mode nothing is measured (the service a check run would gate was never started) and
     nothing is written.
@@ -32,8 +32,8 @@ options:
     elements: str
     choices: [smoke, exactness, throughput, acceptance]
     default: [smoke, exactness, throughput, acceptance]
-  config: {description: Config name (baseline, references)., type: str, default: "?"}
-  host: {description: Inventory host name (baseline, references)., type: str, default: "?"}
+  config: {description: "Config name (baseline, references).", type: str, default: "?"}
+  host: {description: "Inventory host name (baseline, references).", type: str, default: "?"}
   release: {description: Release label (references)., type: str}
   models: {description: The deploy description's models (the target names the reference)., type: list,
            elements: dict, default: []}
@@ -50,18 +50,67 @@ options:
       The bench runs against O(url) and it side by side, in the same window with the same prompts, and its
       numbers are a second baseline of the throughput and acceptance gates (docs/router.md).
     type: str
+author: sgdeploy contributors (@sgdeploy)
+extends_documentation_fragment:
+  - sgdeploy.host.attributes
+attributes:
+  check_mode:
+    support: partial
+    details:
+      - Nothing is measured or written (the service a check run would gate was never started); RV(passed) is null.
+  diff_mode:
+    support: none
+"""
+
+EXAMPLES = r"""
+- name: Run the gates in the background (bench and exactness take minutes)
+  sgdeploy.host.sglang_gate:
+    url: http://127.0.0.1:30000
+    speculative: true
+    thresholds: "{{ deploy.gates }}"  # sgdeploy render --json's gates, defaults filled in
+    config: ddtree-b15
+    host: gpu1
+    release: 59d01d1e39ee
+    models: "{{ deploy.models }}"
+    records_dir: /var/lib/sglang-deploy/ddtree-b15/records
+    references_dir: /var/lib/sglang-deploy/references
+    report_path: /var/lib/sglang-deploy/ddtree-b15/staged/gates.json
+    bench_timeout_s: 900
+  async: 1800
+  poll: 0
+  register: gates_job
+  changed_when: false
+
+- name: Wait for the gates
+  ansible.builtin.async_status:
+    jid: "{{ gates_job.ansible_job_id }}"
+  register: gates
+  until: gates.finished
+  retries: 361
+  delay: 5
+
+- name: Smoke-gate a rolled-back service only
+  sgdeploy.host.sglang_gate:
+    url: http://127.0.0.1:30000
+    speculative: false
+    thresholds: "{{ deploy.gates }}"
+    gates: [smoke]
+    config: ar
+    host: gpu1
+  register: smoke
 """
 
 RETURN = r"""
 passed: {description: Nothing blocks (every selected gate passed; exactness passed or does not block).,
          returned: success, type: bool}
-all_passed: {description: Every verdict is pass, exactness included., returned: success, type: bool}
+all_passed: {description: "Every verdict is pass, exactness included.", returned: success, type: bool}
 verdict_line: {description: "C(gates passed) only when every verdict is pass; else names what did not pass.",
                returned: success, type: str}
-failed_gates: {description: Gates whose verdict is not pass, in order., returned: success, type: list}
-summary: {description: One line per gate, a bench line and the verdict line., returned: success, type: list}
-report: {description: The gate report (docs/gates.md, "Gate report")., returned: success, type: dict}
-baseline_path: {description: The last good record compared with, or null., returned: success, type: str}
+failed_gates: {description: "Gates whose verdict is not pass, in order.", returned: success, type: list}
+summary: {description: "One line per gate, a bench line and the verdict line.", returned: success, type: list}
+report: {description: 'The gate report (docs/gates.md, "Gate report"); null in check mode.', returned: success,
+         type: dict}
+baseline_path: {description: "The last good record compared with, or null.", returned: success, type: str}
 """
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402

@@ -64,9 +64,48 @@ options:
     description: Free space (GB) that must remain after the transfer.
     type: float
     default: 0
+author: sgdeploy contributors (@sgdeploy)
 extends_documentation_fragment:
-  - sgdeploy.host.model_attributes
+  - sgdeploy.host.attributes
   - sgdeploy.host.model_attributes.hub
+attributes:
+  check_mode:
+    support: full
+    details:
+      - Asks the hub and reports what would be fetched; transfers and writes nothing.
+  diff_mode:
+    support: full
+    details:
+      - The model folder's marker before and the files fetched after.
+"""
+
+EXAMPLES = r"""
+- name: Put the hub token in a root-only file for the fetch
+  sgdeploy.host.sglang_model_token:
+    hf_token: "{{ sglang_models_hf_token }}"
+  register: token
+
+- name: Start the fetch in the background (it reads the token file and removes it)
+  sgdeploy.host.sglang_model_fetch:
+    repo: Qwen/Qwen3.6-27B
+    revision: main
+    dest: /var/lib/sglang/models/Qwen--Qwen3.6-27B/main
+    endpoint: https://huggingface.co
+    hf_token_file: "{{ token.path }}"
+    owner: sglang
+    retries: 3
+    timeout: 60
+    min_free_gb: 20
+  async: 21600
+  poll: 0
+  register: fetch_job
+
+- name: Fetch only the config and tokenizer of a draft model, in the foreground
+  sgdeploy.host.sglang_model_fetch:
+    repo: z-lab/Qwen3.6-27B-DFlash
+    revision: main
+    dest: /var/lib/sglang/models/z-lab--Qwen3.6-27B-DFlash/main
+    allow_patterns: ["*.json", "tokenizer*"]
 """
 
 RETURN = r"""

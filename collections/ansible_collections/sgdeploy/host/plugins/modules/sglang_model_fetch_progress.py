@@ -36,8 +36,32 @@ options:
     description: Seconds to wait at most before reporting.
     type: float
     default: 30
+author: sgdeploy contributors (@sgdeploy)
 extends_documentation_fragment:
-  - sgdeploy.host.model_attributes.read_only
+  - sgdeploy.host.attributes
+attributes:
+  check_mode:
+    support: full
+    details:
+      - Waits and reports the same way; leaves the progress file in place.
+  diff_mode:
+    support: none
+"""
+
+EXAMPLES = r"""
+- name: Wait on the fetch, at most 28 s, and say how far it is
+  sgdeploy.host.sglang_model_fetch_progress:
+    dest: /var/lib/sglang/models/Qwen--Qwen3.6-27B/main
+    results_file: "{{ fetch_job.results_file }}"  # the sglang_model_fetch task started with poll=0
+    wait: 28
+  register: progress
+  until: progress.finished
+  retries: 720
+  delay: 0
+
+- name: Show the fetch's progress
+  ansible.builtin.debug:
+    msg: "fetch {{ progress.msg }}"
 """
 
 RETURN = r"""

@@ -43,8 +43,29 @@ options:
   owner:
     description: Owner of the folder and its files.
     type: str
+author: sgdeploy contributors (@sgdeploy)
 extends_documentation_fragment:
-  - sgdeploy.host.model_attributes
+  - sgdeploy.host.attributes
+attributes:
+  check_mode:
+    support: full
+    details:
+      - Computes the digest and reports whether the folder would be put in place; writes and renames nothing.
+  diff_mode:
+    support: full
+    details:
+      - The model folder's marker before and after.
+"""
+
+EXAMPLES = r"""
+- name: Verify the copy, mark it complete and rename it into place
+  sgdeploy.host.sglang_model_finish:
+    stage: /var/lib/sglang/models/draft-b15/3f9c2a7d1e04.incomplete
+    dest: /var/lib/sglang/models/draft-b15/3f9c2a7d1e04
+    sha: 3f9c2a7d1e04b8a65c1f0e2d9b7a4c3e5f6a7b8c9d0e1f2a3b4c5d6e7f8a9b0c
+    name: draft-b15
+    version: "2026-12-01"
+    owner: sglang
 """
 
 RETURN = r"""

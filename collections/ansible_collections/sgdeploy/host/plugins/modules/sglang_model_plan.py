@@ -32,9 +32,29 @@ options:
   root:
     description: The models root; hf and controller folders must lie under it.
     type: path
+author: sgdeploy contributors (@sgdeploy)
 extends_documentation_fragment:
-  - sgdeploy.host.model_attributes.read_only
+  - sgdeploy.host.attributes
+  - sgdeploy.host.attributes.read_only
   - sgdeploy.host.model_attributes.hub
+"""
+
+EXAMPLES = r"""
+- name: Check every model before changing anything (hub, host paths, free disk)
+  sgdeploy.host.sglang_model_plan:
+    models: "{{ deploy.models }}"  # sgdeploy render --json's models
+    endpoint: https://huggingface.co
+    hf_token: "{{ sglang_models_hf_token }}"
+    min_free_gb: 20
+    timeout: 60
+    root: /var/lib/sglang/models
+  register: models_plan
+  failed_when: false
+
+- name: Stop when a model is missing, unreachable or does not fit (nothing was changed)
+  ansible.builtin.fail:
+    msg: "MODELS NOT READY on {{ inventory_hostname }}: {{ models_plan.msg }}"
+  when: models_plan.failed
 """
 
 RETURN = r"""

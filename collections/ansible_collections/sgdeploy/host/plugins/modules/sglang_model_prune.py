@@ -34,8 +34,28 @@ options:
     type: list
     elements: path
     default: []
+author: sgdeploy contributors (@sgdeploy)
 extends_documentation_fragment:
-  - sgdeploy.host.model_attributes
+  - sgdeploy.host.attributes
+attributes:
+  check_mode:
+    support: full
+    details:
+      - Reports the folders that would be removed (RV(removed)); removes nothing.
+  diff_mode:
+    support: full
+    details:
+      - The removed folders, one per line, before; nothing after.
+"""
+
+EXAMPLES = r"""
+- name: Remove model folders nothing uses (never the current, previous or this deploy's)
+  sgdeploy.host.sglang_model_prune:
+    root: /var/lib/sglang/models
+    state_dir: /var/lib/sglang-deploy
+    keep:
+      - /var/lib/sglang/models/Qwen--Qwen3.6-27B/main
+      - /var/lib/sglang/models/z-lab--Qwen3.6-27B-DFlash/main
 """
 
 RETURN = r"""

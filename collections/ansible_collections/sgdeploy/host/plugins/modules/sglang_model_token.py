@@ -22,6 +22,7 @@ options:
   hf_token:
     description: The token (never logged). Empty writes nothing and returns an empty path.
     type: str
+    default: ""
   state:
     description: Whether the file should exist.
     type: str
@@ -30,8 +31,42 @@ options:
   path:
     description: The file to remove (O(state=absent)).
     type: path
+author: sgdeploy contributors (@sgdeploy)
 extends_documentation_fragment:
-  - sgdeploy.host.model_attributes.read_only
+  - sgdeploy.host.attributes
+attributes:
+  check_mode:
+    support: full
+    details:
+      - Writes and removes nothing; RV(path) is empty (a fetch in check mode reads no token).
+  diff_mode:
+    support: none
+    details:
+      - The file holds a secret and lives only as long as one fetch.
+"""
+
+EXAMPLES = r"""
+- name: Hand the hub token to a background fetch through a root-only file
+  block:
+    - name: Put the hub token in a root-only file for the fetch
+      sgdeploy.host.sglang_model_token:
+        hf_token: "{{ sglang_models_hf_token }}"
+      register: token
+
+    - name: Start the fetch in the background (it reads the token file and removes it)
+      sgdeploy.host.sglang_model_fetch:
+        repo: Qwen/Qwen3.6-27B
+        revision: main
+        dest: /var/lib/sglang/models/Qwen--Qwen3.6-27B/main
+        hf_token_file: "{{ token.path }}"
+      async: 21600
+      poll: 0
+      register: fetch_job
+  always:
+    - name: Remove the token file (when the fetch did not)
+      sgdeploy.host.sglang_model_token:
+        state: absent
+        path: "{{ token.path | default('') }}"
 """
 
 RETURN = r"""

@@ -18,7 +18,30 @@ options:
   port: {description: "The router's port (serving.port).", type: int, required: true}
   env_dir: {description: Folder of the environment files., type: path, default: /etc/sglang}
   group: {description: Group that may read the file (the router's user)., type: str, default: sglang-router}
-  api_key: {description: "The engines' API key; empty for none.", type: str, default: "", no_log: true}
+  api_key: {description: "The engines' API key; empty for none. Never logged.", type: str, default: ""}
+author: sgdeploy contributors (@sgdeploy)
+extends_documentation_fragment:
+  - sgdeploy.host.attributes
+attributes:
+  check_mode:
+    support: full
+    details:
+      - Reports whether the file would change (content, mode or owner); writes nothing.
+  diff_mode:
+    support: none
+    details:
+      - The file holds the router's keys; no diff is returned.
+"""
+
+EXAMPLES = r"""
+- name: Make sure of the router's keys on the host (control-plane key made there once; never leaves it)
+  sgdeploy.host.sglang_router_env:
+    port: 30000
+    env_dir: /etc/sglang
+    group: sglang-router
+    api_key: "{{ sglang_secret_env.SGLANG_API_KEY | default('') }}"
+  register: router_env
+  no_log: true
 """
 
 RETURN = r"""

@@ -11,7 +11,7 @@ description:
     C(pip --no-index --no-deps) (the Rust router needs none of the wheel's Python dependencies,
     which only its debugging MiniLB imports), checks that the venv reports O(version) and imports
     the Rust router, and writes C(<root>/<version>/router.json) last.
-  - Idempotent: with the same version and sha256 recorded and the venv answering, nothing is done.
+  - Idempotent. With the same version and sha256 recorded and the venv answering, nothing is done.
   - Supports check mode (reports whether an install would happen).
 options:
   root: {description: Where router versions are installed., type: path, default: /opt/sglang-router}
@@ -19,6 +19,27 @@ options:
   version: {description: The pinned sglang-router version., type: str, required: true}
   sha256: {description: The wheel's pinned sha256 (64 hex digits)., type: str, required: true}
   python: {description: Interpreter the venv is made from., type: path, default: /usr/bin/python3}
+author: sgdeploy contributors (@sgdeploy)
+extends_documentation_fragment:
+  - sgdeploy.host.attributes
+attributes:
+  check_mode:
+    support: full
+    details:
+      - Checks the wheel's sha256 and reports whether an install would happen; installs nothing.
+  diff_mode:
+    support: none
+"""
+
+EXAMPLES = r"""
+- name: Install the router into its venv (sha256 checked on the host)
+  sgdeploy.host.sglang_router_install:
+    root: /opt/sglang-router
+    wheel: /opt/sglang-router/wheels/sglang_router-0.3.2-cp38-abi3-manylinux_2_17_x86_64.manylinux2014_x86_64.whl
+    version: 0.3.2
+    sha256: ba5a24951e5e0357fe390782fcd1abd861448a87216832dbf2e501a1dd1548eb
+    python: /usr/bin/python3
+  register: router_installed
 """
 
 RETURN = r"""

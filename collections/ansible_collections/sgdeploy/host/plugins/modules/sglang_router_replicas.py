@@ -19,6 +19,23 @@ options:
     type: str
   state_dir: {description: The deploy state folder., type: path, default: /var/lib/sglang-deploy}
   unit_dir: {description: Where the router units are., type: path, default: /etc/systemd/system}
+author: sgdeploy contributors (@sgdeploy)
+extends_documentation_fragment:
+  - sgdeploy.host.attributes
+  - sgdeploy.host.attributes.read_only
+"""
+
+EXAMPLES = r"""
+- name: Find the replicas behind a router that the name stands for (reads only)
+  sgdeploy.host.sglang_router_replicas:
+    config: ddtree-b15
+    state_dir: /var/lib/sglang-deploy
+  register: layout
+
+- name: List what to roll back, one deploy at a time
+  ansible.builtin.debug:
+    msg: "{{ item.name }} at {{ item.url }}, router {{ item.router_url or 'none' }}"
+  loop: "{{ layout.deploys }}"
 """
 
 RETURN = r"""

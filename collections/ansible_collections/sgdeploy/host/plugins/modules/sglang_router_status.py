@@ -9,11 +9,26 @@ description:
   - For each C(sglang-router-<port>.service) the role sglang_router installed, reports whether it is
     active, where it listens, the replicas its unit lists, and what the router's C(GET /workers) says
     of each (healthy, unhealthy, or not in the router, e.g. while a rollout has taken it out), and
-    every worker the router lists that its unit does not (a stranger: someone added it through the API).
+    every worker the router lists that its unit does not (a stranger, which someone added through the API).
   - Calls the worker API with the router's admin key from its environment file (docs/router.md).
   - Read-only; runs in check mode.
 options:
   unit_dir: {description: Folder of the unit files., type: path, default: /etc/systemd/system}
+author: sgdeploy contributors (@sgdeploy)
+extends_documentation_fragment:
+  - sgdeploy.host.attributes
+  - sgdeploy.host.attributes.read_only
+"""
+
+EXAMPLES = r"""
+- name: Read the routers in front of replicas
+  sgdeploy.host.sglang_router_status:
+  register: routers
+
+- name: Show the routers and their replicas
+  ansible.builtin.debug:
+    msg: "{{ inventory_hostname }} router: {{ item.summary }}"
+  loop: "{{ routers.routers }}"
 """
 
 RETURN = r"""

@@ -16,6 +16,30 @@ options:
   present: {description: Worker URLs that must be in the router., type: list, elements: str, default: []}
   absent: {description: Worker URLs that must not be in the router., type: list, elements: str, default: []}
   timeout_s: {description: Longest wait for the router to settle., type: int, default: 60}
+author: sgdeploy contributors (@sgdeploy)
+extends_documentation_fragment:
+  - sgdeploy.host.attributes
+attributes:
+  check_mode:
+    support: full
+    details:
+      - Reads the router's list and reports what it would add and remove; changes nothing.
+  diff_mode:
+    support: none
+"""
+
+EXAMPLES = r"""
+- name: Take the replica out of the router (requests in flight on it finish)
+  sgdeploy.host.sglang_router_workers:
+    router_url: http://127.0.0.1:30000
+    absent: [http://127.0.0.1:30003]
+    timeout_s: 60
+
+- name: Put the replica back into the router
+  sgdeploy.host.sglang_router_workers:
+    router_url: http://127.0.0.1:30000
+    present: [http://127.0.0.1:30003]
+    timeout_s: 60
 """
 
 RETURN = r"""
