@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_deploy import RESET, deploy, output_of, server_info
+from test_deploy import deploy, output_of, server_info
+from test_faults import baseline  # noqa: F401 (the module's baseline: ddtree-b15 on lab1, autouse)
 
 pytestmark = pytest.mark.lab
 
@@ -27,15 +28,6 @@ STATE = "/var/lib/sglang-deploy"
 B15 = "sglang-ddtree-b15.service"
 UNIT = f"/etc/systemd/system/{B15}"
 ENV = "/etc/sglang/ddtree-b15.env"
-
-
-@pytest.fixture(scope="module", autouse=True)
-def baseline(lab):
-    for host in lab.hosts:
-        lab.ssh(host, RESET)
-    proc = deploy(lab, "ddtree-b15")
-    assert proc.returncode == 0, output_of(proc)[-3000:]
-    yield
 
 
 def main_pid(lab, unit: str) -> str:
