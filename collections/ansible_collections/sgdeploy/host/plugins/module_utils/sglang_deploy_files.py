@@ -7,9 +7,19 @@ imported directly by the unit tests.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
+
+
+def sha256_file(path):
+    """The sha256 of a file's bytes (hex), read in chunks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 16), b""):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def read_json(path):

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import glob
 import grp
-import hashlib
 import os
 import pwd
 import re
 
 from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_deploy_units as units
-from ansible_collections.sgdeploy.host.plugins.module_utils.sglang_deploy_files import read_json
+from ansible_collections.sgdeploy.host.plugins.module_utils.sglang_deploy_files import read_json, sha256_file
 
 
 class PlanError(Exception):
@@ -35,11 +34,7 @@ def deployed(state_dir):
 
 
 def digest(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 16), b""):
-            h.update(chunk)
-    return h.hexdigest()
+    return sha256_file(path)
 
 
 def env_same(env_src, env_dir, config):

@@ -20,7 +20,6 @@ lock says so) is undone by the next deploy or rollback before it does anything e
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import time
@@ -29,6 +28,7 @@ from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_deploy
 from ansible_collections.sgdeploy.host.plugins.module_utils.sglang_deploy_files import (
     copy_file,
     read_json,
+    sha256_file,
     write_bytes,
     write_json,
 )
@@ -200,11 +200,7 @@ def undo(paths, notes=None):
 
 
 def _sha256(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 16), b""):
-            h.update(chunk)
-    return h.hexdigest()
+    return sha256_file(path)
 
 
 def _current_of(deploy, paths):
