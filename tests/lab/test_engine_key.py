@@ -6,8 +6,9 @@ gates with the exactness self-check, make status) read the key there and send it
 the engine answers 401 without the key; the key is in no argv, unit file, journal, controller folder
 (build/, reports/) or deploy record/state.
 
-Before this change the warm-up's /generate got 401 and the deploy was rolled back (checked: the deploy
-assertion fails on the code before; the 401/200, no-leak and status checks need the deploy to pass).
+Checked on the code before this change: the deploy failed at its warm-up ("healthy, but /generate answered
+HTTP 401") and was rolled back; with the warm-up's change alone it failed at the smoke gate (401). The
+401/200, no-leak and status checks come after the deploy, so they need it to pass.
 """
 
 from __future__ import annotations
@@ -89,6 +90,15 @@ def test_a_keyed_config_deploys_through_its_gates_and_the_key_stays_on_the_host(
     assert {g["gate"]: g["verdict"] for g in record["gates"]} == {
         "smoke": "pass", "throughput": "pass", "acceptance": "pass"}, record["gates"]
     assert record["exactness"]["verdict"] == "pass", record["exactness"]
+
+    # A rollback to it (rollback_one.yml: its warm-up and smoke gate) also sends the key: replace it by
+    # ddtree-b32 (same GPU and port), then roll that back by hand.
+    b32 = make(lab, "deploy", "CONFIG=ddtree-b32", f"INVENTORY={inventory}", "LIMIT=lab1")
+    assert b32.returncode == 0, (b32.stdout + b32.stderr)[-3000:]
+    back = make(lab, "rollback", "CONFIG=ddtree-b32", f"INVENTORY={inventory}", "LIMIT=lab1")
+    assert back.returncode == 0, (back.stdout + back.stderr)[-3000:]
+    assert key not in b32.stdout + b32.stderr + back.stdout + back.stderr
+    assert newest_record(lab, "lab1", "ddtree-b32")["outcome"] == "rolled_back"
 
     # The engine asks for the key; the deploy's key opens it.
     url = f"http://{lab.address('lab1')}:30000"

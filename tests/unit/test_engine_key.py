@@ -144,3 +144,16 @@ def test_an_answer_that_fails_does_not_show_the_key(engines):
     with pytest.raises(serving.ServingError) as err:
         serving.generate(keyed, "x", 2, 10)
     assert str(err.value).startswith("/generate answered HTTP 401") and KEY not in str(err.value)
+
+
+def test_the_sweep_refuses_a_keyed_config_in_one_line(tmp_path):
+    from sgdeploy import sweep
+
+    path = tmp_path / "keyed.yml"
+    path.write_text("extends: ddtree-b15\nserving: {api_key_secret: SGLANG_ENGINE_KEY}\n")
+    with pytest.raises(sweep.UsageError) as err:
+        sweep.load_base(str(path))
+    assert str(err.value) == (
+        f"--config {path}: serving.api_key_secret 'SGLANG_ENGINE_KEY': not swept (the sweep benchmarks from the "
+        "controller, and the engines' API key stays on the host); sweep a copy of it without "
+        "serving.api_key_secret on a loopback address, then deploy the best budget with make deploy")
