@@ -131,3 +131,32 @@ def test_a_keyed_config_deploys_through_its_gates_and_the_key_stays_on_the_host(
     lines = status_lines(status)
     now = lines[2:lines.index("")]
     assert [line.split()[:3] for line in now] == [["lab1", CONFIG, "serving"]], lines
+
+
+def test_keyed_replicas_roll_behind_the_router_with_the_key(lab, tmp_path):
+    """Two keyed replicas behind the router: the router is given the key (it sends it to its engines and
+    asks its clients for it); a second rollout's canary is benched beside the old replica with the key."""
+    lab.ssh("lab1", RESET)
+    key = f"lab-engine-key-{os.urandom(12).hex()}"
+    inventory = keyed_inventory(lab, tmp_path, key)
+    for budget in (15, 32):
+        proc = make(lab, "deploy", f"CONFIG={LAB_CONFIGS / f'lab-replicas-key-b{budget}.yml'}",
+                    f"INVENTORY={inventory}", "LIMIT=lab1")
+        out = proc.stdout + proc.stderr
+        assert proc.returncode == 0, out[-4000:]
+        assert f"ROLLED OUT on lab1: lab-replicas-key-b{budget}, 2 replica(s)" in out, out[-3000:]
+        assert key not in out
+    canary = newest_record(lab, "lab1", "lab-replicas-key-b32-r0")
+    assert canary["outcome"] == "deployed" and canary["same_window"]["bench"]["completed"] > 0, canary
+
+    address = lab.address("lab1")
+    for port in (31200, 31201, 31203):  # the router, then each replica
+        url = f"http://{address}:{port}"
+        assert (post_generate(url, None), post_generate(url, key)) == (401, 200), url
+    router_unit = "sglang-router-31200.service"
+    assert key not in lab.ssh("lab1", "ps -eo args").stdout
+    assert key not in lab.ssh("lab1", f"systemctl cat {router_unit} sglang-lab-replicas-key-b32-r0.service").stdout
+    assert key not in lab.ssh("lab1", "journalctl --no-pager -o cat", timeout=300).stdout
+    held = lab.ssh("lab1", "grep -rlF -f - /var/lib/sglang-deploy /etc/systemd/system 2>/dev/null; true",
+                   input=key + "\n").stdout.split()
+    assert held == [], held
