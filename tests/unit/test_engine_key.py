@@ -4,6 +4,7 @@ bearer token by the gates' one HTTP helper to the origins it was authorized for,
 from __future__ import annotations
 
 import json
+import os
 import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -157,3 +158,49 @@ def test_the_sweep_refuses_a_keyed_config_in_one_line(tmp_path):
         f"--config {path}: serving.api_key_secret 'SGLANG_ENGINE_KEY': not swept (the sweep benchmarks from the "
         "controller, and the engines' API key stays on the host); sweep a copy of it without "
         "serving.api_key_secret on a loopback address, then deploy the best budget with make deploy")
+
+
+def fake_systemctl(tmp_path: Path, env_file: Path) -> Path:
+    """A `systemctl` on PATH that shows a keyed, active unit (the modules read the key's name through it)."""
+    folder = tmp_path / "bin"
+    folder.mkdir()
+    script = folder / "systemctl"
+    script.write_text("#!/bin/sh\n[ \"$1\" = show ] || exit 0\n"
+                      "echo ActiveState=active\necho NRestarts=0\n"
+                      "echo 'Environment=PATH=/usr/bin SGDEPLOY_API_KEY_ENV=SGLANG_ENGINE_KEY'\n"
+                      f"echo 'EnvironmentFiles={env_file} (ignore_errors=no)'\n")
+    script.chmod(0o755)
+    return folder
+
+
+def test_the_wait_module_warms_up_a_keyed_engine_with_its_key_from_the_host(tmp_path, engines, monkeypatch):
+    from test_models import run_module
+
+    keyed, other = engines
+    env = tmp_path / "c.env"
+    env.write_text(f'SGLANG_ENGINE_KEY="{KEY}"\n')
+    monkeypatch.setenv("PATH", f"{fake_systemctl(tmp_path, env)}:{os.environ['PATH']}")
+    args = {"what": "healthy", "url": keyed, "unit": "sglang-c.service", "answers": 2, "timeout_s": 20,
+            "poll_s": 10, "state_dir": str(tmp_path / "state")}
+    rc, result = run_module("sglang_deploy_wait", args, tmp_path)
+    assert rc == 0 and result["ok"] and result["state"] == "healthy", result
+    assert KEY not in json.dumps(result)
+    assert [auth for _, path, auth in _Keyed.seen if path == "/generate"] == [f"Bearer {KEY}"] * 2
+
+    env.write_text('HF_TOKEN="x"\n')  # the unit names a key its file lacks: one line, no value
+    rc, result = run_module("sglang_deploy_wait", args, tmp_path)
+    assert rc == 1 and result["msg"] == (
+        f"wait healthy: sglang-c.service: SGDEPLOY_API_KEY_ENV=SGLANG_ENGINE_KEY, but no environment file of "
+        f"the unit ({env}) sets SGLANG_ENGINE_KEY (serving.api_key_secret)"), result
+
+
+def test_the_gate_module_refuses_a_unit_whose_key_is_missing_in_one_line(tmp_path, monkeypatch):
+    from test_models import run_module
+
+    env = tmp_path / "c.env"
+    env.write_text('HF_TOKEN="x"\n')
+    monkeypatch.setenv("PATH", f"{fake_systemctl(tmp_path, env)}:{os.environ['PATH']}")
+    rc, result = run_module("sglang_gate", {"url": "http://127.0.0.1:9", "unit": "sglang-c.service",
+                                            "speculative": True, "thresholds": {}}, tmp_path)
+    assert rc == 1 and result["msg"].startswith("gates: sglang-c.service: SGDEPLOY_API_KEY_ENV=SGLANG_ENGINE_KEY, "
+                                                 "but no environment file of the unit"), result

@@ -66,7 +66,7 @@ def engine_key(unit, show_unit=None, read_env=None):
         if value:
             return value
     raise EngineKeyError(f"{unit}: {API_KEY_ENV_VAR}={name}, but no environment file of the unit "
-                    f"({', '.join(files) or 'none'}) sets {name} (serving.api_key_secret)")
+                         f"({', '.join(files) or 'none'}) sets {name} (serving.api_key_secret)")
 
 
 def config_of(unit):
