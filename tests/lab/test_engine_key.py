@@ -7,8 +7,9 @@ the engine answers 401 without the key; the key is in no argv, unit file, journa
 (build/, reports/) or deploy record/state.
 
 Checked on the code before this change: the deploy failed at its warm-up ("healthy, but /generate answered
-HTTP 401") and was rolled back; with the warm-up's change alone it failed at the smoke gate (401). The
-401/200, no-leak and status checks come after the deploy, so they need it to pass.
+HTTP 401") and was rolled back; with the warm-up's change alone it failed at the smoke gate (401); without
+the smoke gate's `unit` in rollback_one.yml the rollback failed at its smoke gate. The 401/200, no-leak and
+status checks come after the deploy, so they need it to pass.
 """
 
 from __future__ import annotations
