@@ -129,6 +129,14 @@ def load_base(name_or_path: str) -> spec.Config:
             "swept (a sweep deploys each variant over the serving replicas); sweep one engine instead: a config "
             f"with 'extends: {base.name}' and serving: {{replicas: 1, router: false, gpus: [<{sv.tp_size} free "
             "GPU(s)>], port: <a free port>}, then deploy the best budget to the replicas with make deploy")
+    if sv.api_key_secret:
+        # Refused, not measured wrong: the sweep's bench runs on the controller through an SSH tunnel, and the
+        # engines' API key never leaves the host (docs/router.md, "API keys of the engines"), so every request
+        # would get 401.
+        raise UsageError(
+            f"--config {name_or_path}: serving.api_key_secret {sv.api_key_secret!r}: not swept (the sweep "
+            "benchmarks from the controller, and the engines' API key stays on the host); sweep a copy of it "
+            "without serving.api_key_secret on a loopback address, then deploy the best budget with make deploy")
     return base
 
 

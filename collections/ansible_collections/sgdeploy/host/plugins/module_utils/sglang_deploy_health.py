@@ -6,23 +6,15 @@ from __future__ import annotations
 
 import json
 import time
-import urllib.error
-import urllib.request
 
 from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_deploy_units as units
+from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_gate_http as serving
 
 
 def http(method, url, body=None, timeout=5.0):
-    """(status, body bytes); raises OSError when nothing answers."""
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, method=method)
-    if data is not None:
-        req.add_header("Content-Type", "application/json")
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            return resp.status, resp.read()
-    except urllib.error.HTTPError as err:
-        return err.code, err.read() or b""
+    """(status, body bytes); raises OSError when nothing answers. The gates' one HTTP helper: it sends the
+    engine's API key to the origins ``serving.authorize`` was given."""
+    return serving._request(method, url, body, timeout)
 
 
 def healthy(url, timeout=5.0):

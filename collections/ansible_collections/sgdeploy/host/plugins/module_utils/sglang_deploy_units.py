@@ -8,6 +8,8 @@ import re
 import socket
 import subprocess
 
+from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_router_api as router_api
+
 
 def systemctl(*args):
     return subprocess.run(["systemctl", *args], capture_output=True, text=True, check=False)
@@ -44,6 +46,38 @@ def is_enabled(unit):
 def n_restarts(unit):
     value = show(unit, "NRestarts").get("NRestarts", "")
     return int(value) if value.isdigit() else 0
+
+
+API_KEY_ENV_VAR = "SGDEPLOY_API_KEY_ENV"
+
+
+class EngineKeyError(Exception):
+    """The unit names an API key that cannot be read; one line, never the key."""
+
+
+def engine_key(unit, show_unit=None, read_env=None):
+    """The engine API key ``unit`` runs with (serving.api_key_secret), or None when its config names none.
+
+    Read on the host, as root, the way systemd gives it to the launcher: the unit's
+    ``Environment=SGDEPLOY_API_KEY_ENV=<name>`` names the variable of its ``EnvironmentFile=``
+    (/etc/sglang/<config>.env, 0640 root:sglang). Raises EngineKeyError (one line naming the unit, the
+    variable and the file, never the value) when the unit names a key its files do not hold.
+    """
+    props = (show_unit or show)(unit, "Environment", "EnvironmentFiles")
+    m = re.search(r"(?:^|\s)" + API_KEY_ENV_VAR + r"=([A-Za-z_][A-Za-z0-9_]*)(?:\s|$)", props.get("Environment", ""))
+    if not m:
+        return None
+    name = m.group(1)
+    files = re.findall(r"(\S+) \(ignore_errors=(?:yes|no)\)", props.get("EnvironmentFiles", ""))
+    for path in files:
+        try:
+            value = (read_env or router_api.read_env)(path).get(name)
+        except OSError as err:
+            raise EngineKeyError(f"{unit}: cannot read its environment file {path}: {err.strerror or err}") from None
+        if value:
+            return value
+    raise EngineKeyError(f"{unit}: {API_KEY_ENV_VAR}={name}, but no environment file of the unit "
+                         f"({', '.join(files) or 'none'}) sets {name} (serving.api_key_secret)")
 
 
 def config_of(unit):

@@ -3,6 +3,12 @@
 
 Standard library only: shipped to the host by Ansible with the gate module (sgdeploy.host.sglang_gate),
 and imported by the controller's ``sgdeploy.serving`` (the one implementation, docs/gates.md).
+
+An engine with an API key (``serving.api_key_secret``) asks every route except ``/health*`` and
+``/metrics`` for ``Authorization: Bearer <key>``. A caller on the host reads the key there
+(``sglang_deploy_units.engine_key``) and calls ``authorize(url, key)`` for the config's own service
+URLs; every request of this process to that origin (scheme, host, port), and to no other, then sends
+it. The key is never returned, logged or put in an error message.
 """
 
 from __future__ import annotations
@@ -33,10 +39,42 @@ def check_url(url: str) -> str:
     return url.rstrip("/")
 
 
+# The engines' API keys this process sends, by origin (scheme, host, port): set by authorize() only.
+_KEYS: dict[tuple[str, str, int | None], str] = {}
+
+
+def _origin(url: str) -> tuple[str, str, int | None]:
+    """(scheme, host, port) of ``url``, the port filled in from the scheme; ('', '', None) when malformed."""
+    parsed = urllib.parse.urlsplit(url or "")
+    try:
+        port = parsed.port
+    except ValueError:
+        return "", "", None
+    scheme = parsed.scheme.lower()
+    return scheme, (parsed.hostname or "").lower(), port or {"http": 80, "https": 443}.get(scheme)
+
+
+def authorize(url: str, key: str | None) -> None:
+    """Send ``key`` as ``Authorization: Bearer`` on every later request of this process to ``url``'s origin
+    (and to no other); an empty key forgets it. ``url`` must be a service address (UsageError otherwise)."""
+    origin = _origin(check_url(url))
+    if key:
+        _KEYS[origin] = key
+    else:
+        _KEYS.pop(origin, None)
+
+
+def headers_for(url: str) -> dict[str, str]:
+    """The headers a request to ``url`` carries besides its body's: the bearer key of its origin, if any."""
+    key = _KEYS.get(_origin(url))
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
 def _request(method: str, url: str, body: dict | None, timeout: float) -> tuple[int, bytes]:
-    """One HTTP exchange. Returns (status, body); raises OSError when nothing answers."""
+    """One HTTP exchange. Returns (status, body); raises OSError when nothing answers. Sends the bearer
+    key of ``url``'s origin when ``authorize`` gave one."""
     data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, method=method)
+    req = urllib.request.Request(url, data=data, method=method, headers=headers_for(url))
     if data is not None:
         req.add_header("Content-Type", "application/json")
     try:

@@ -12,6 +12,9 @@ description:
     and stops early when the unit failed, stopped or restarted.
   - Read-only apart from the lease; runs in check mode (then it does not wait).
   - O(url) is required with O(what=healthy).
+  - When O(unit) names an engine API key (serving.api_key_secret), the warm-up requests send it as
+    C(Authorization: Bearer), read on the host from the unit's environment file, to O(url) only; it is
+    never a module argument or a return value.
 options:
   what: {description: What to wait for., type: str, required: true, choices: [healthy, stopped]}
   url: {description: The service's base URL (healthy)., type: str}
@@ -94,6 +97,7 @@ from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_deploy
 from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_deploy_lock as lock  # noqa: E402
 from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_deploy_txn as txn  # noqa: E402
 from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_deploy_units as units  # noqa: E402
+from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_gate_http as serving  # noqa: E402
 
 # How long a port may stay held by a process outside the units being stopped before the wait gives up:
 # waiting will not free it (a unit this deploy does not stop, a stray process).
@@ -165,6 +169,14 @@ def main():
             module.fail_json(msg=str(exc), done=True, ok=False, state="lost-lock", elapsed_s=0.0)
     deadline, call_end = since + p["timeout_s"], time.time() + p["poll_s"]
     if p["what"] == "healthy":
+        if p["unit"] and p["answers"]:
+            try:
+                key = units.engine_key(p["unit"])
+                serving.authorize(p["url"], key)
+            except (units.EngineKeyError, serving.UsageError) as exc:
+                module.fail_json(msg=f"wait healthy: {exc}", done=True, ok=False, state="exited", elapsed_s=0.0)
+            if key:
+                module.no_log_values.add(key)
         state, detail = health.wait_healthy(p["url"], p["unit"], baseline, deadline, p["poll_s"])
         for _ in range(p["answers"] if state == "healthy" else 0):
             problem = health.answer(p["url"])

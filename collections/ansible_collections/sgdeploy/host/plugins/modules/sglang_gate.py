@@ -16,10 +16,16 @@ description:
   - The same code as the controller's C(sgdeploy gate) (module_utils C(sglang_gate)).
   - Never fails the task because a gate failed; the verdicts are return values (RV(passed), RV(failed_gates)).
     Fails only on bad input.
+  - When O(unit) names an engine API key (serving.api_key_secret), every request sends it as
+    C(Authorization: Bearer), read on the host from the unit's environment file, to O(url) and
+    O(peer_url) only (a replica of the same config); it is never a module argument, a return value or
+    in the report.
   - In check mode nothing is measured (the service a check run would gate was never started) and
     nothing is written.
 options:
   url: {description: "http://HOST:PORT of the service.", type: str, required: true}
+  unit: {description: "The service's systemd unit: its engine API key, if its config names one, is sent.",
+         type: str}
   speculative: {description: The config uses speculative decoding., type: bool, required: true}
   thresholds:
     description: The complete gates mapping of the deploy description (C(sgdeploy render --json)'s C(gates));
@@ -115,6 +121,7 @@ baseline_path: {description: "The last good record compared with, or null.", ret
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_deploy_records as records  # noqa: E402
+from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_deploy_units as units  # noqa: E402
 from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_gate as gates  # noqa: E402
 from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_gate_exactness as exactness  # noqa: E402
 
@@ -129,7 +136,7 @@ def main():
             models=dict(type="list", elements="dict", default=[]), records_dir=dict(type="path"),
             references_dir=dict(type="path"), exactness_enforced=dict(type="bool", default=True),
             report_path=dict(type="path"), bench_timeout_s=dict(type="float", default=600.0),
-            peer_url=dict(type="str"),
+            peer_url=dict(type="str"), unit=dict(type="str"),
         ),
         supports_check_mode=True,
     )
@@ -138,6 +145,16 @@ def main():
         module.exit_json(changed=False, passed=None, all_passed=None, verdict_line="check mode: no gates run",
                          failed_gates=[], summary=["check mode: no gates run"],
                          report=None, baseline_path=None)
+    if p["unit"]:
+        try:
+            key = units.engine_key(p["unit"])
+            for url in (p["url"], p["peer_url"]):
+                if url:
+                    gates.serving.authorize(url, key)
+        except (units.EngineKeyError, gates.serving.UsageError) as err:
+            module.fail_json(msg=f"gates: {err}")
+        if key:
+            module.no_log_values.add(key)
     thresholds = gates.GateThresholds(p["thresholds"])
     found = None
     if p["records_dir"]:
