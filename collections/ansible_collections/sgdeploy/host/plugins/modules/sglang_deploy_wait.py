@@ -13,7 +13,7 @@ description:
   - Read-only apart from the lease; runs in check mode (then it does not wait).
   - O(url) is required with O(what=healthy).
   - When O(unit) names an engine API key (serving.api_key_secret), the warm-up requests send it as
-    C(Authorization: Bearer), read on the host from the unit's environment file, to O(url) only; it is
+    C(Authorization) bearer token, read on the host from the unit's environment file, to O(url) only; it is
     never a module argument or a return value.
 options:
   what: {description: What to wait for., type: str, required: true, choices: [healthy, stopped]}

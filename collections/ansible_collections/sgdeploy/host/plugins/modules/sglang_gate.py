@@ -17,7 +17,7 @@ description:
   - Never fails the task because a gate failed; the verdicts are return values (RV(passed), RV(failed_gates)).
     Fails only on bad input.
   - When O(unit) names an engine API key (serving.api_key_secret), every request sends it as
-    C(Authorization: Bearer), read on the host from the unit's environment file, to O(url) and
+    C(Authorization) bearer token, read on the host from the unit's environment file, to O(url) and
     O(peer_url) only (a replica of the same config); it is never a module argument, a return value or
     in the report.
   - In check mode nothing is measured (the service a check run would gate was never started) and
