@@ -46,7 +46,8 @@ def sock(port, unit, process="python3", pid=100):
 
 
 def serving_sockets(config="ddtree-b15", n=2, port=31500):
-    out = [sock(port, f"sglang-router-{port}.service", "python"), sock(port + 1 + 2 * n, f"sglang-router-{port}.service")]
+    router = f"sglang-router-{port}.service"
+    out = [sock(port, router, "python"), sock(port + 1 + 2 * n, router)]
     for r in layout(config, n, port)["replicas"]:
         out += [sock(r["port"], r["unit_name"]), sock(r["nccl_port"], r["unit_name"])]
     return out
