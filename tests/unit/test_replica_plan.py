@@ -14,6 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "collections"))
 from ansible_collections.sgdeploy.host.plugins.module_utils.sglang_replica_plan import (  # noqa: E402
     ReplicaPlanError,
     plan,
+    with_live,
 )
 
 BIND = "127.0.0.1"
@@ -118,3 +119,12 @@ def test_the_same_layout_again_plans_no_surplus_and_no_move():
 def test_a_first_deploy_has_no_router_and_free_ports():
     p = plan(layout(n=2), 8, [], [], None)
     assert p["surplus"] == [] and not p["router_moves"] and p["router_workers_first"] == []
+
+
+def test_a_replica_serves_only_when_the_running_router_lists_it_healthy():
+    # The unit lists both, but replica 1's engine was stopped: it is no peer for the canary, and a router that
+    # moves first restarts with replica 0 only.
+    p = plan(layout(n=3), 8, deployed_replicas(n=2), serving_sockets(n=2), router_unit(n=2))
+    p = with_live(p, {f"http://{BIND}:31501": {"healthy": True}, f"http://{BIND}:31503": {"healthy": False}})
+    assert [r["serving"] for r in p["replicas"]] == [True, False, False]
+    assert p["router_workers_first"] == [f"http://{BIND}:31501"]

@@ -145,6 +145,17 @@ def plan(layout, gpu_count, deployed, sockets, router_unit=None, replaces=()):
     }
 
 
+def with_live(result, listing):
+    """The plan with what the running router lists (``listing``: {url: {"healthy", ...}}, its GET /workers):
+    a replica serves when the router lists it healthy (a unit may still list an engine that was stopped), and
+    a router that moves first restarts with only those."""
+    healthy = {u for u, w in listing.items() if w.get("healthy")}
+    for r in result["replicas"]:
+        r["serving"] = r["url"] in healthy
+    result["router_workers_first"] = [r["url"] for r in result["replicas"] if r["url"] in healthy]
+    return result
+
+
 def _overlaps(address, bind):
     return address in (bind, "0.0.0.0", "*", "::") or bind in ("0.0.0.0", "::")
 

@@ -31,7 +31,8 @@ options:
 RETURN = r"""
 plan:
   description:
-    - replicas ([{index, name, url, gpus, ports, replaces, serving}]), surplus ([{name, unit_name, url, active,
+    - replicas ([{index, name, url, gpus, ports, replaces, serving}]; serving - the running router lists it
+      healthy), surplus ([{name, unit_name, url, active,
       enabled}] retired after the replicas roll), router_moves (the router's metrics port changes, so it is
       restarted before a new replica takes its old one), router_workers_first, stops, line.
   returned: success
@@ -56,6 +57,7 @@ from ansible_collections.sgdeploy.host.plugins.module_utils.sglang_deploy_plan i
 from ansible_collections.sgdeploy.host.plugins.module_utils.sglang_replica_plan import (  # noqa: E402
     ReplicaPlanError,
     plan,
+    with_live,
 )
 
 
@@ -113,6 +115,11 @@ def main():
                     f"installed yet); a rollout never skips taking replicas out of it: start it (systemctl "
                     f"reset-failed {router['unit_name']}; systemctl start {router['unit_name']}) and deploy again",
                 plan=result, router=state)
+        try:
+            result = with_live(result, api.workers(router["url"]))
+        except api.RouterError as exc:
+            module.fail_json(msg=f"router {router['unit_name']}: {exc}; a rollout never skips taking replicas out of "
+                                 "it", plan=result, router=state)
     module.exit_json(changed=False, plan=result, router=state)
 
 
