@@ -102,7 +102,9 @@ def test_a_rollout_that_does_not_fit_is_refused_before_replica_0_changes(lab):
         assert (f"ROLLOUT REFUSED on {HOST} before any change: config lab-scale-x3: port {addr}:31507 (the router's "
                 "metrics port) is already in use by python3 (pid") in proc.stdout, proc.stdout[-3000:]
         assert _since(lab, r0) == since
-        assert lab.ssh(HOST, "test -e /etc/systemd/system/sglang-lab-scale-x3-r0.service", check=False).returncode != 0
+        # (an earlier x3 deploy may have left its unit file, replaced and stopped: it must not be running)
+        x3_r0 = lab.ssh(HOST, "systemctl is-active sglang-lab-scale-x3-r0.service", check=False).stdout.strip()
+        assert x3_r0 != "active"
         assert _listed(lab) == _urls(lab, 2)
     finally:
         lab.ssh(HOST, "kill $(cat /tmp/stray31507.pid) && rm -f /tmp/stray31507.pid", check=False)
