@@ -186,7 +186,8 @@ def _same_window(gate: str, metric: str, value: float, bench_d: dict, peer: dict
                  base_key: str, reasons: list[str], problems: list[str]) -> dict:
     """The canary against an old replica measured side by side with it (same prompts, same window):
     its number is a second baseline, within the same ``max_regression_pct``. An old replica whose bench
-    did not complete enough requests, or that was measured differently, is not compared (recorded)."""
+    did not complete enough requests, or that was measured differently, is not compared (recorded), and
+    the gate is then inconclusive (_judge)."""
     what = f"the old replica in the same window ({peer.get('url')})"
     out = {"url": peer.get("url"), "value": None, "change_pct": None, "compared": False}
     raw = peer.get(base_key)
@@ -239,6 +240,12 @@ def _judge(gate: str, metric: str, value: float, threshold: float | None, bench_
                                               reasons, problems)
     if problems:
         return GateResult(gate, metric, value, threshold, base_value, FAIL, "; ".join(problems), details)
+    if peer is not None and not details["same_window"]["compared"]:
+        # A canary is judged against an old replica in the same window; without that comparison it is not
+        # known to be as good as the replicas it would replace: inconclusive, and the rollout stops.
+        return GateResult(gate, metric, value, threshold, base_value, INCONCLUSIVE,
+                          "; ".join(reasons) + "; the canary's same-window comparison could not be made: inconclusive",
+                          details)
     return GateResult(gate, metric, value, threshold, base_value, PASS, "; ".join(reasons), details)
 
 

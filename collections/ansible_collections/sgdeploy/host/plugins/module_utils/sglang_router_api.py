@@ -114,6 +114,19 @@ def workers(router_url, timeout=5.0, key=None):
             for w in listed}
 
 
+def workers_wait(router_url, timeout_s, poll_s=1.0, key=None):
+    """workers(), retried while the router does not answer (e.g. during systemd's restart delay), up to
+    ``timeout_s``; then the last RouterError is raised."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return workers(router_url, key=key)
+        except RouterError:
+            if time.monotonic() >= deadline:
+                raise
+        time.sleep(poll_s)
+
+
 def add(router_url, worker_url, timeout=5.0, key=None):
     try:
         status, body = http("POST", _norm(router_url) + "/workers", {"url": _norm(worker_url)}, timeout=timeout,

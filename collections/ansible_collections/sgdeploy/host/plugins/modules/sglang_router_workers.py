@@ -10,6 +10,8 @@ description:
     URLs of O(absent) that it lists (DELETE /workers/<id>), then waits up to O(timeout_s) until
     every O(present) URL is listed healthy and no O(absent) URL is listed.
   - Removing a worker stops new requests to it; requests already forwarded finish on it.
+  - A router that does not answer is waited for up to O(timeout_s) (e.g. systemd's restart delay), then the
+    module fails: it never reports success for a router it could not reach.
   - In check mode it only reads the router's list and reports what it would change.
 options:
   router_url: {description: The router's base URL (its bind address and serving.port)., type: str, required: true}
@@ -69,7 +71,8 @@ def main():
     if both:
         module.fail_json(msg=f"sglang_router_workers: {', '.join(both)} both present and absent; name each once")
     try:
-        listing = api.workers(p["router_url"])
+        # A router in systemd's restart delay is waited for (bounded), never taken for "no router".
+        listing = api.workers_wait(p["router_url"], p["timeout_s"])
         to_add = [u for u in present if u not in listing]
         to_remove = [u for u in absent if u in listing]
         if module.check_mode:
