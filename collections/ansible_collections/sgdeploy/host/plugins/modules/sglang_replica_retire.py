@@ -7,8 +7,8 @@ module: sglang_replica_retire
 short_description: Retire a surplus replica after a scale down (stop, disable, remove its unit and env file)
 description:
   - For a replica the rollout's plan (sgdeploy.host.sglang_replicas_plan) found surplus, once the router no
-    longer lists it (sgdeploy.host.sglang_router_workers O(absent), which lets its requests in flight finish):
-    stops its unit (SIGTERM: the engine drains), disables it, removes the unit file and the env file, reloads
+    longer lists it (sgdeploy.host.sglang_router_workers O(absent), which lets its requests in flight finish),
+    stops its unit (SIGTERM, so the engine drains), disables it, removes the unit file and the env file, reloads
     systemd, and moves its C(current.json) to C(retired.json) (its records stay), so that no status, rollback
     or plan counts it as deployed any more.
   - Refuses a name that is not a deployed config of the host. In check mode it says what it would do.
@@ -17,6 +17,28 @@ options:
   state_dir: {description: The deploy state folder., type: path, default: /var/lib/sglang-deploy}
   env_dir: {description: The folder of the env files., type: path, default: /etc/sglang}
   unit_dir: {description: Folder of the units., type: path, default: /etc/systemd/system}
+author: sgdeploy contributors (@sgdeploy)
+extends_documentation_fragment:
+  - sgdeploy.host.attributes
+attributes:
+  check_mode:
+    support: full
+    details:
+      - Reports the unit and the files it would remove; changes nothing.
+  diff_mode:
+    support: none
+"""
+
+EXAMPLES = r"""
+- name: Take the surplus replica out of the router first (its requests in flight finish)
+  sgdeploy.host.sglang_router_workers:
+    router_url: http://127.0.0.1:31200
+    absent: [http://127.0.0.1:31204]
+
+- name: Retire it (stop, disable, remove its unit and env file)
+  sgdeploy.host.sglang_replica_retire:
+    name: ddtree-b15-r2
+    state_dir: /var/lib/sglang-deploy
 """
 
 RETURN = r"""

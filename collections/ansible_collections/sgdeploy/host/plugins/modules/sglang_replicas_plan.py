@@ -12,7 +12,7 @@ description:
     finds the surplus replicas a scale down retires. Fails with one line naming the thing, the value and
     what is allowed; nothing is changed.
   - When the router's unit is installed, waits up to O(router_wait_s) for it to be active and to answer
-    C(/health) (e.g. during systemd's restart delay after a crash), and fails when it does not: a rollout
+    C(/health) (e.g. during systemd's restart delay after a crash), and fails when it does not; a rollout
     never takes replicas out of, or puts them into, a router it cannot reach.
   - Read-only; the same in check mode.
 options:
@@ -26,6 +26,24 @@ options:
                   default: 60}
   state_dir: {description: The deploy state folder., type: path, default: /var/lib/sglang-deploy}
   unit_dir: {description: Folder of the units., type: path, default: /etc/systemd/system}
+author: sgdeploy contributors (@sgdeploy)
+extends_documentation_fragment:
+  - sgdeploy.host.attributes
+  - sgdeploy.host.attributes.read_only
+"""
+
+EXAMPLES = r"""
+- name: Plan the rollout of every replica before any of them changes (refused in one line when it does not fit)
+  sgdeploy.host.sglang_replicas_plan:
+    layout: "{{ layout }}"  # sgdeploy render --json of the config (replicas and router)
+    gpu_count: 8
+    replaces: ""
+    router_wait_s: 60
+  register: replicas_plan
+
+- name: Say what the rollout will stop and retire
+  ansible.builtin.debug:
+    msg: "{{ replicas_plan.plan.line }}"
 """
 
 RETURN = r"""

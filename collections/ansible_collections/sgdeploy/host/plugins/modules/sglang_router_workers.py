@@ -11,7 +11,7 @@ description:
     every O(present) URL is listed healthy and no O(absent) URL is listed.
   - Removing a worker stops new requests to it; requests already forwarded finish on it.
   - A router that does not answer is waited for up to O(timeout_s) (e.g. systemd's restart delay), then the
-    module fails: it never reports success for a router it could not reach.
+    module fails; it never reports success for a router it could not reach.
   - In check mode it only reads the router's list and reports what it would change.
 options:
   router_url: {description: The router's base URL (its bind address and serving.port)., type: str, required: true}
