@@ -48,7 +48,7 @@ def test_verify_passes_on_a_deployed_host(lab, deployed):
     print(f"verify: {time.monotonic() - start:.1f} s")
     out = output(proc)
     assert proc.returncode == 0, out[-5000:]
-    assert "7 passed" in out and "skipped" not in out, out[-3000:]
+    assert "9 passed" in out and "skipped" not in out, out[-3000:]
 
 
 def test_verify_fails_on_a_stopped_unit_and_an_open_env_file(lab, deployed):
@@ -98,7 +98,7 @@ def test_host_with_nothing_deployed_is_skipped_with_the_reason(lab):
         proc = run_verify(lab, host)
         out = output(proc)
         assert proc.returncode == 0, out[-3000:]
-        assert "7 skipped" in out and f"{host}: nothing deployed (no /var/lib/sglang-deploy/*/current.json)" in out
+        assert "9 skipped" in out and f"{host}: nothing deployed (no /var/lib/sglang-deploy/*/current.json)" in out
         named = run_verify(lab, host, f"--config={CONFIG}")
         assert named.returncode == 1
         assert f"{host}: {CONFIG} not deployed" in output(named), output(named)[-3000:]
