@@ -8,11 +8,13 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 PY=${PY:-.venv/bin/python}
-A_FILES="tests/lab/test_deploy.py tests/lab/test_exactness.py tests/lab/test_engine_unit.py tests/lab/test_verify.py tests/lab/test_release.py tests/lab/test_lab.py tests/lab/test_cli.py tests/lab/test_nondefault.py tests/lab/test_router.py tests/lab/test_interrupts.py tests/lab/test_bad_input.py tests/lab/test_plan_summary.py tests/lab/test_ssh_settings.py tests/lab/test_engine_key.py"
+A_FILES="tests/lab/test_deploy.py tests/lab/test_exactness.py tests/lab/test_engine_unit.py tests/lab/test_verify.py tests/lab/test_release.py tests/lab/test_lab.py tests/lab/test_cli.py tests/lab/test_nondefault.py tests/lab/test_router.py tests/lab/test_interrupts.py tests/lab/test_bad_input.py tests/lab/test_plan_summary.py tests/lab/test_engine_key.py"
+# Run after both labs are done, on lab A: these change what both labs share on the controller (build/wheels).
+SERIAL_FILES="tests/lab/test_wheel_tamper.py"
 B_FILES="tests/lab/test_provision.py tests/lab/test_models.py tests/lab/test_sweep.py tests/lab/test_faults.py tests/lab/test_drift.py tests/lab/test_conflicts.py tests/lab/test_replica_changes.py"
 # Every test file must be in one of the groups.
 for f in tests/lab/test_*.py; do
-  case " $A_FILES $B_FILES " in *" $f "*) ;; *) echo "tests/lab/run.sh: $f is in no group" >&2; exit 2;; esac
+  case " $A_FILES $B_FILES $SERIAL_FILES " in *" $f "*) ;; *) echo "tests/lab/run.sh: $f is in no group" >&2; exit 2;; esac
 done
 export LAB_B_NET=${LAB_B_NET:-127.0.2}
 b_env=(LAB_NET="$LAB_B_NET" LAB_DIR=build/lab-b LAB_INVENTORY=build/lab-b/inventory.yml)
@@ -35,5 +37,8 @@ wait "$b_pid"
 b_rc=$?
 echo "---- lab B (${LAB_B_NET}.x): ${B_FILES}"
 cat build/lab-b-tests.log
-echo "---- lab A: exit ${a_rc}; lab B: exit ${b_rc}"
-[ "$a_rc" -eq 0 ] && [ "$b_rc" -eq 0 ]
+echo "---- serial, on lab A after both: ${SERIAL_FILES}"
+"$PY" -m pytest -p no:cacheprovider -q $SERIAL_FILES
+s_rc=$?
+echo "---- lab A: exit ${a_rc}; lab B: exit ${b_rc}; serial: exit ${s_rc}"
+[ "$a_rc" -eq 0 ] && [ "$b_rc" -eq 0 ] && [ "$s_rc" -eq 0 ]
