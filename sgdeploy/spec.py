@@ -194,9 +194,10 @@ class Config:
 
     @property
     def router_metrics_port(self) -> int | None:
-        """The router's Prometheus port (on loopback): serving.port + 1 + 2 x replicas; None without it."""
+        """The router's Prometheus port: serving.port - 1, whatever the replica count, so that a change of the
+        count never moves it (a move restarts the router, which refuses connections meanwhile); None without it."""
         sv = self.serving
-        return sv.port + 1 + 2 * sv.replicas if sv.router else None
+        return sv.port - 1 if sv.router else None
 
     @property
     def ports(self) -> tuple[int, ...]:
@@ -702,11 +703,12 @@ def validate(merged: dict[str, Any], source: Path, name: str) -> Config:
     if isinstance(tp, int) and tp < 1:
         chk.bad("serving.tp_size", tp, "must be 1 or more")
     port = serving["port"]
-    top = 65535 - (2 * replicas + 1 if router else 0)
-    if isinstance(port, int) and not 1024 <= port <= top:
-        chk.bad("serving.port", port, f"must be between 1024 and {top}" +
-                (f" (with the router, its {replicas} replica(s) and its metrics take the {2 * replicas + 1} ports "
-                 "above it)" if router else ""))
+    top = 65535 - (2 * replicas if router else 0)
+    bottom = 1025 if router else 1024
+    if isinstance(port, int) and not bottom <= port <= top:
+        chk.bad("serving.port", port, f"must be between {bottom} and {top}" +
+                (f" (with the router, its metrics take the port below it and its {replicas} replica(s) the "
+                 f"{2 * replicas} ports above it)" if router else ""))
         port = None
     nccl = serving["nccl_port"]
     if router and nccl is not None:

@@ -50,8 +50,8 @@ def test_replicas_follow_the_port_rule_behind_the_router(tmp_path):
         ("rep-r0", "sglang-rep-r0.service", 31001, 31002, (0, 1)),
         ("rep-r1", "sglang-rep-r1.service", 31003, 31004, (2, 3)),
         ("rep-r2", "sglang-rep-r2.service", 31005, 31006, (4, 5))]
-    assert c.router_metrics_port == 31007
-    assert c.ports == (31000, 31001, 31002, 31003, 31004, 31005, 31006, 31007)
+    assert c.router_metrics_port == 30999
+    assert c.ports == (31000, 31001, 31002, 31003, 31004, 31005, 31006, 30999)
     rendered = render.render(c, HOST, replica=c.replicas[2])
     assert "Environment=CUDA_VISIBLE_DEVICES=4,5" in rendered.unit_text
     assert "--port 31005 --nccl-port 31006" in rendered.unit_text
@@ -80,8 +80,11 @@ def test_a_router_can_front_one_replica(tmp_path):
      "serving.nccl_port: 31000: not with the router: replica i takes port serving.port + 1 + 2i and NCCL port "
      "serving.port + 2 + 2i; leave nccl_port out"),
     ({"replicas": 2, "gpus": [0, 1], "port": 65532},
-     "serving.port: 65532: must be between 1024 and 65530 (with the router, its 2 replica(s) and its metrics take "
-     "the 5 ports above it)"),
+     "serving.port: 65532: must be between 1025 and 65531 (with the router, its metrics take the port below it and "
+     "its 2 replica(s) the 4 ports above it)"),
+    ({"replicas": 2, "gpus": [0, 1], "port": 1024},
+     "serving.port: 1024: must be between 1025 and 65531 (with the router, its metrics take the port below it and "
+     "its 2 replica(s) the 4 ports above it)"),
     ({"replicas": 2, "gpus": [0, 0]}, "serving.gpus: [0, 0]: each GPU index may appear only once"),
 ])
 def test_bad_replica_settings_get_one_line_each(tmp_path, serving, expected):
@@ -97,7 +100,7 @@ def test_render_json_lists_the_replicas_and_the_router(tmp_path):
                          capture_output=True, text=True, cwd=REPO, check=True).stdout
     d = json.loads(out)
     assert [r["url"] for r in d["replicas"]] == ["http://127.0.9.1:31101", "http://127.0.9.1:31103"]
-    assert d["router"] == {"unit_name": "sglang-router-31100.service", "port": 31100, "metrics_port": 31105,
+    assert d["router"] == {"unit_name": "sglang-router-31100.service", "port": 31100, "metrics_port": 31099,
                            "url": "http://127.0.9.1:31100"}
     assert d["config"] == "two" and d["of_config"] == "two"
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["sglang-two-r0.service", "sglang-two-r1.service",

@@ -124,7 +124,8 @@ def plan(layout, gpu_count, deployed, sockets, router_unit=None, replaces=()):
 
     router_moves = bool(router_unit and old_metrics is not None and router
                         and old_metrics != int(router["metrics_port"]))
-    # A scale up: the router's old metrics port is a new replica's port, so the router moves first.
+    # Only a router of the layout before its metrics port was serving.port - 1 moves (P + 1 + 2N, which changed
+    # with the replica count); when that old port is a new replica's, it moves first.
     router_first = router_moves and any(old_metrics in r["ports"] for r in reps)
     urls = [r["url"] for r in reps]
     stops = sorted({d["config"] for ds in predecessors.values() for d in ds if d["config"] not in names}
@@ -137,7 +138,7 @@ def plan(layout, gpu_count, deployed, sockets, router_unit=None, replaces=()):
         "surplus": surplus,
         "router_moves": router_moves,
         "router_first": router_first,
-        # A router that moves its metrics port first (a scale up: its old metrics port is a new replica's)
+        # A router that moves its metrics port first (its old metrics port is a new replica's)
         # restarts with the replicas that serve now; the new ones join through its API once deployed.
         "router_workers_first": [u for u in urls if u in fronted],
         "stops": stops,
@@ -165,7 +166,7 @@ def _line(config, reps, surplus, router, router_moves, old_metrics):
              + ", ".join(f"{r['config']} (GPUs {r['gpus']}, ports {r['ports'][0]}/{r['ports'][1]})" for r in reps)]
     if router:
         parts.append(f"router on port {router['port']}, metrics {router['metrics_port']}"
-                     + (f" (moves from {old_metrics})" if router_moves else ""))
+                     + (f" (moves from {old_metrics}: the router restarts once)" if router_moves else ""))
     if surplus:
         parts.append("retires " + ", ".join(f"{s['name']} ({s['url']})" for s in surplus))
     return "; ".join(parts)
