@@ -29,9 +29,9 @@ trap down EXIT
 env "${b_env[@]}" "$PY" tests/lab/lab.py up || exit 1
 
 mkdir -p build
-env "${b_env[@]}" "$PY" -m pytest -p no:cacheprovider -q $B_FILES > build/lab-b-tests.log 2>&1 &
+env "${b_env[@]}" "$PY" -m pytest -p no:cacheprovider -q --durations=30 $B_FILES > build/lab-b-tests.log 2>&1 &
 b_pid=$!
-"$PY" -m pytest -p no:cacheprovider -q $A_FILES
+"$PY" -m pytest -p no:cacheprovider -q --durations=30 $A_FILES
 a_rc=$?
 wait "$b_pid"
 b_rc=$?
