@@ -22,7 +22,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from sgdeploy import __version__, models, render, spec
+from sgdeploy import __version__, controller, models, render, spec
 
 PROG = "sgdeploy"
 HOST_GROUP = "gpu_hosts"  # the group every play that touches hosts targets
@@ -60,10 +60,10 @@ DELEGATED: dict[str, tuple[str, str]] = {
 def _absolute(option: str):
     """An argparse type: an absolute folder without `..`, spaces or control characters (it reaches the unit)."""
     def parse(text: str) -> str:
-        if not text.startswith("/") or ".." in text.split("/") or any(c.isspace() or ord(c) < 32 for c in text):
-            raise argparse.ArgumentTypeError(f"{option} {text!r}: give an absolute folder without '..', "
-                                             "spaces or control characters")
-        return text.rstrip("/") or "/"
+        try:
+            return controller.absolute_folder(option, text)
+        except ValueError as err:
+            raise argparse.ArgumentTypeError(str(err)) from None
     return parse
 
 
@@ -108,71 +108,23 @@ def host_settings(config: spec.Config, args: argparse.Namespace) -> render.HostS
     )
 
 
-def service_url(config: spec.Config, host: render.HostSettings, port: int | None = None) -> str:
-    address = render.bind_address(config, host)
-    if ":" in address:
-        address = f"[{address}]"
-    elif address == "0.0.0.0":
-        address = "127.0.0.1"
-    return f"http://{address}:{port or config.serving.port}"
-
-
-def replica_layout(config: spec.Config, host: render.HostSettings) -> dict:
-    """The config's engines and its router as `render --json` gives them (docs/router.md)."""
-    base = service_url(config, host).rsplit(":", 1)[0]
-    out: dict = {"replicas": [{"index": r.index, "name": r.name, "unit_name": r.unit_name, "port": r.port,
-                               "nccl_port": r.nccl_port, "gpus": list(r.gpus), "url": f"{base}:{r.port}"}
-                              for r in config.replicas],
-                 "of_config": config.name, "router": None}
-    if config.serving.router:
-        out["router"] = {"unit_name": config.router_unit_name, "port": config.serving.port,
-                         "metrics_port": config.router_metrics_port, "url": service_url(config, host)}
-    return out
-
-
 def cmd_render(args: argparse.Namespace) -> int:
     config = spec.load(args.config)
     host = host_settings(config, args)
     secrets = json.loads(args.secret_env_json) if args.secret_env_json else None
-    replica = None
-    if args.replica is not None:
-        if not config.serving.router or not 0 <= args.replica < config.serving.replicas:
-            raise UsageError(f"--replica {args.replica}: config {config.name} has replicas 0 to "
-                             f"{config.serving.replicas - 1} behind the router" if config.serving.router else
-                             f"--replica {args.replica}: config {config.name} has no router (serving.replicas 1)")
-        replica = config.replicas[args.replica]
-    rendered = render.render(config, host, secret_env=secrets, replica=replica)
-    out_dir = Path(args.out) if args.out else Path("build/render") / config.name
-    unit_path, env_path = render.write(rendered, out_dir)
-    # Without --replica, every replica's unit and env file are written beside the first one's.
-    for other in config.replicas[1:] if replica is None else ():
-        render.write(render.render(config, host, secret_env=secrets, replica=other), out_dir)
-    if not args.no_verify:
-        try:
-            render.verify(unit_path, rendered.argv[0])
-        except render.VerifyError as exc:
-            print(f"{unit_path}: systemd-analyze verify failed:\n{exc}", file=sys.stderr)
-            return 1
+    try:
+        d = controller.describe(config, host, replica=args.replica, out_dir=Path(args.out) if args.out else None,
+                              verify=not args.no_verify, secret_env=secrets)
+    except controller.ReplicaError as exc:
+        raise UsageError(str(exc)) from None
+    except render.VerifyError as exc:
+        print(exc, file=sys.stderr)
+        return 1
     if args.json:
-        r = replica or config.replicas[0]
-        print(json.dumps({
-            "config": r.name if replica else config.name, "unit_name": rendered.unit_name, "unit": str(unit_path),
-            "env_name": rendered.env_name, "env": str(env_path), "release": host.release_label,
-            "argv": list(rendered.argv), "digest": rendered.digest,
-            "ports": [r.port, r.nccl_port] if replica else list(config.ports),
-            "gpus": list(r.gpus) if replica else list(config.serving.gpus),
-            "bind_address": render.bind_address(config, host), "features": list(config.patch_features),
-            "url": service_url(config, host, r.port if replica else None),
-            "speculative": config.speculative_enabled,
-            "gates": config.gates.as_mapping(), "start_timeout_s": config.serving.start_timeout_s,
-            "stop_timeout_s": config.serving.stop_timeout_s,
-            "drain_timeout_s": config.serving.drain_timeout_s,
-            "models": render.model_sources(config, host.models_root),
-            **replica_layout(config, host),
-        }, indent=2))
+        print(json.dumps(d, indent=2))
     else:
-        print(unit_path)
-        print(env_path)
+        print(d["unit"])
+        print(d["env"])
     return 0
 
 
@@ -277,7 +229,7 @@ def cmd_hosts(args: argparse.Namespace) -> int:
 
 def _host_service_url(config: spec.Config, hostvars: dict) -> str:
     host = render.HostSettings(release_label="unused", bind_address=hostvars.get("sglang_bind_address") or None)
-    return service_url(config, host)
+    return controller.service_url(config, host)
 
 
 def cmd_gate(args: argparse.Namespace) -> int:

@@ -65,7 +65,14 @@ class _Captured(Exception):
 
 
 def argument_spec(path: Path) -> dict:
-    """The argument_spec the module's main() gives AnsibleModule (main() is stopped right there)."""
+    """The argument_spec the module's main() gives AnsibleModule (main() is stopped right there); for a module
+    that documents an action plugin (plugins/action/<name>.py, run on the controller), the plugin's ARGUMENT_SPEC."""
+    action = COLLECTION / "plugins" / "action" / path.name
+    if path in COLLECTION_MODULES and action.is_file():
+        loaded = importlib.util.spec_from_file_location(f"_module_docs_action_{path.stem}", action)
+        plugin = importlib.util.module_from_spec(loaded)
+        loaded.loader.exec_module(plugin)
+        return plugin.ARGUMENT_SPEC
     spec = importlib.util.spec_from_file_location(f"_module_docs_{path.parent.parent.name}_{path.stem}", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

@@ -1,0 +1,79 @@
+"""Action plugin sgdeploy.host.controller_config: what a play asks of the controller's Python, in-process.
+
+Runs inside ansible-playbook on the controller (no connection to the host, no subprocess): loads and validates a
+config with ``sgdeploy.spec``, and renders it for a host with ``sgdeploy.controller.describe`` when asked. Replaces
+``command: python -m sgdeploy render|config ...`` + ``from_json`` (issue 35, "one crossing"). The documentation
+is plugins/modules/controller_config.py.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ansible.plugins.action import ActionBase
+
+RENDER_SPEC = {
+    "release": {"type": "str", "required": True},
+    "bind_address": {"type": "str", "default": ""},
+    "launcher": {"type": "str", "default": ""},
+    "release_root": {"type": "str"},
+    "service_user": {"type": "str"},
+    "env_dir": {"type": "str"},
+    "models_root": {"type": "str"},
+    "out": {"type": "path", "required": True},
+    "replica": {"type": "int"},
+    "verify": {"type": "bool", "default": False},
+}
+
+ARGUMENT_SPEC = {
+    "config": {"type": "str", "required": True},
+    "chdir": {"type": "path", "required": True},
+    "render": {"type": "dict", "options": RENDER_SPEC},
+}
+
+
+def _config_path(config: str, chdir: str) -> str:
+    """A config name stays a name; a relative path is taken from ``chdir``, as ``sgdeploy`` run there would."""
+    if (config.endswith((".yml", ".yaml")) or "/" in config) and not config.startswith("/"):
+        return str(Path(chdir) / config)
+    return config
+
+
+class ActionModule(ActionBase):
+    TRANSFERS_FILES = False
+    _requires_connection = False
+    _supports_check_mode = True
+    _supports_async = False
+
+    def run(self, tmp=None, task_vars=None):
+        result = super().run(tmp, task_vars)
+        del tmp
+        _, args = self.validate_argument_spec(argument_spec=ARGUMENT_SPEC)
+        result["changed"] = False
+        try:
+            from sgdeploy import controller, render, spec
+        except ImportError as err:
+            result.update(failed=True, msg=f"sgdeploy.host.controller_config: the project's Python package sgdeploy "
+                                           f"does not import in ansible-playbook's interpreter ({err}); run Ansible "
+                                           "from the project's virtualenv (make setup, then make deploy)")
+            return result
+        try:
+            config = spec.load(_config_path(args["config"], args["chdir"]))
+            result["config"] = controller.merged(config)
+            result["name"] = config.name
+            wanted = args.get("render")
+            if wanted:
+                if wanted.get("models_root"):
+                    wanted["models_root"] = controller.absolute_folder("models_root", wanted["models_root"])
+                host = render.HostSettings(
+                    release_label=wanted["release"], bind_address=wanted["bind_address"] or None,
+                    launcher=wanted["launcher"] or render.DEFAULT_LAUNCHER,
+                    **{k: wanted[k] for k in ("release_root", "service_user", "env_dir", "models_root")
+                       if wanted.get(k)})
+                result["rendered"] = controller.describe(config, host, replica=wanted.get("replica"),
+                                                         out_dir=Path(wanted["out"]), verify=wanted["verify"])
+        except spec.ConfigError as err:
+            result.update(failed=True, msg="\n".join(err.problems), problems=list(err.problems))
+        except (ValueError, render.VerifyError, OSError) as err:  # ReplicaError and a bad folder are ValueErrors
+            result.update(failed=True, msg=str(err))
+        return result

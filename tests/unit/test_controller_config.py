@@ -1,0 +1,81 @@
+"""The collection's controller-side action plugin sgdeploy.host.controller_config (issue 35, "one crossing"):
+plays ask the controller's Python in-process for a config's description, and get exactly what
+``sgdeploy render --json`` prints; a bad config fails the task with its one-line problem, no traceback;
+no play or role runs ``python -m sgdeploy render|config`` any more."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+LAB_X2 = REPO / "tests" / "lab" / "configs" / "lab-scale-x2.yml"
+
+
+def play(tmp_path: Path, tasks: list[dict]) -> subprocess.CompletedProcess:
+    path = tmp_path / "play.yml"
+    path.write_text(yaml.safe_dump([{"hosts": "localhost", "gather_facts": False, "tasks": tasks}]))
+    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1",
+               ANSIBLE_STDOUT_CALLBACK="ansible.builtin.default", ANSIBLE_CALLBACK_RESULT_FORMAT="json")
+    return subprocess.run([str(BIN / "ansible-playbook"), "-i", "localhost,", "-c", "local", "-e",
+                           f"ansible_python_interpreter={sys.executable}", str(path)], cwd=REPO,
+                          env=env, capture_output=True, text=True, timeout=300, check=False)
+
+
+def test_the_in_process_description_is_what_render_json_prints(tmp_path):
+    out = tmp_path / "plugin"
+    dump = tmp_path / "rendered.json"
+    proc = play(tmp_path, [
+        {"name": "Describe", "sgdeploy.host.controller_config": {
+            "config": str(LAB_X2.relative_to(REPO)), "chdir": str(REPO),
+            "render": {"release": "stock", "bind_address": "127.0.9.1", "out": str(out), "replica": 1}},
+         "register": "d"},
+        {"name": "Keep it", "ansible.builtin.copy": {"content": "{{ d | to_json }}", "dest": str(dump)}},
+    ])
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    got = json.loads(dump.read_text())
+    cli = json.loads(subprocess.run(
+        [sys.executable, "-m", "sgdeploy", "render", str(LAB_X2), "--release", "stock", "--bind-address", "127.0.9.1",
+         "--no-verify", "--json", "--replica", "1", "--out", str(out)],
+        cwd=REPO, capture_output=True, text=True, check=True).stdout)
+    assert got["rendered"] == cli
+    assert got["rendered"]["config"] == "lab-scale-x2-r1" and got["rendered"]["url"] == "http://127.0.9.1:31503"
+    assert got["name"] == "lab-scale-x2" and got["config"]["serving"]["replicas"] == 2
+    assert got["changed"] is False
+
+
+def test_a_bad_config_fails_the_task_with_its_one_line(tmp_path):
+    bad = tmp_path / "bad.yml"
+    bad.write_text("extends: ddtree-b15\nserving: {replicas: 0}\n")
+    proc = play(tmp_path, [{"name": "Describe", "sgdeploy.host.controller_config": {
+        "config": str(bad), "chdir": str(REPO), "render": {"release": "stock", "out": str(tmp_path / "o")}}}])
+    assert proc.returncode != 0
+    assert "serving.replicas: 0: must be between 1 and 64" in proc.stdout, proc.stdout[-3000:]
+    assert "Traceback" not in proc.stdout + proc.stderr
+
+
+def test_a_bad_replica_index_and_models_root_fail_with_one_line(tmp_path):
+    proc = play(tmp_path, [{"name": "Describe", "sgdeploy.host.controller_config": {
+        "config": str(LAB_X2), "chdir": str(REPO),
+        "render": {"release": "stock", "out": str(tmp_path / "o"), "replica": 5}}}])
+    assert proc.returncode != 0 and "--replica 5: config lab-scale-x2 has replicas 0 to 1 behind the router" in \
+        proc.stdout, proc.stdout[-3000:]
+    proc = play(tmp_path, [{"name": "Describe", "sgdeploy.host.controller_config": {
+        "config": str(LAB_X2), "chdir": str(REPO),
+        "render": {"release": "stock", "out": str(tmp_path / "o"), "models_root": "/srv/../etc"}}}])
+    assert proc.returncode != 0 and "models_root '/srv/../etc': give an absolute folder without '..'" in \
+        proc.stdout, proc.stdout[-3000:]
+
+
+def test_no_play_or_role_runs_sgdeploy_render_or_config_in_a_subprocess():
+    pattern = re.compile(r"-m['\"]?,?\s*['\"]?sgdeploy['\"]?,?\s*['\"]?(render|config)\b")
+    hits = [f"{p.relative_to(REPO)}:{n}" for folder in ("playbooks", "roles") for p in (REPO / folder).rglob("*.yml")
+            for n, line in enumerate(p.read_text().splitlines(), 1) if pattern.search(line)]
+    assert hits == []
