@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "collections"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "collections"))
 
 from ansible_collections.sgdeploy.host.plugins.module_utils.sglang_deploy_conflicts import (  # noqa: E402
     ConflictError,

@@ -13,7 +13,7 @@ import os
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "collections"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "collections"))
 
 from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_deploy_files as files  # noqa: E402
 from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_deploy_plan as planmod  # noqa: E402

@@ -13,7 +13,7 @@ from test_models import run_module
 
 from sgdeploy import gate, records
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 FAST = {"bench_requests": 6, "bench_concurrency": 3, "bench_max_tokens": 48, "smoke_max_tokens": 16}
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(REPO / "collections"))
 
 from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_deploy_files as files  # noqa: E402

@@ -22,7 +22,7 @@ import yaml
 
 from sgdeploy import models, render, spec
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 COLLECTIONS = REPO / "collections"
 COLLECTION = COLLECTIONS / "ansible_collections" / "sgdeploy" / "host"
 ROLE = REPO / "roles" / "sglang_models"

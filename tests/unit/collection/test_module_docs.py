@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 COLLECTIONS = REPO / "collections"
 COLLECTION = COLLECTIONS / "ansible_collections" / "sgdeploy" / "host"
 sys.path.insert(0, str(COLLECTIONS))

@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "collections"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "collections"))
 
 from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_deploy_plan as planmod  # noqa: E402
 from test_host_modules import deploy_of, host, put_running  # noqa: E402, F401  (host is a fixture)

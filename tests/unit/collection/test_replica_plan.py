@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "collections"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "collections"))
 
 from ansible_collections.sgdeploy.host.plugins.module_utils.sglang_replica_plan import (  # noqa: E402
     ReplicaPlanError,

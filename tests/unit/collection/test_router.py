@@ -16,7 +16,7 @@ import yaml
 
 from sgdeploy import render, spec
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(REPO / "collections"))
 from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_router_api as api  # noqa: E402
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-HERE = Path(__file__).resolve().parents[1] / "gpu"
+HERE = Path(__file__).resolve().parents[2] / "gpu"
 sys.path.insert(0, str(HERE / "fullsize"))
 sys.path.insert(0, str(HERE / "e2e"))
 
@@ -95,7 +95,7 @@ def test_the_runner_reads_the_forking_buffers_from_the_server_log():
     assert full_runner.memory_from_log("nothing") == {"lines": []}
 
 
-RECORDED = sorted((Path(__file__).resolve().parents[2] / "docs" / "results").glob("fullsize-*"))
+RECORDED = sorted((Path(__file__).resolve().parents[3] / "docs" / "results").glob("fullsize-*"))
 
 
 @pytest.mark.parametrize("folder", RECORDED, ids=[p.name for p in RECORDED])

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gpu" / "fullsize"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "gpu" / "fullsize"))
 
 import breakdown  # noqa: E402
 import full_hook  # noqa: E402

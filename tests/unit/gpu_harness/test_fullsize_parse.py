@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "gpu" / "fullsize"))
-sys.path.insert(0, str(HERE.parent / "gpu" / "e2e"))
+sys.path.insert(0, str(HERE.parents[1] / "gpu" / "fullsize"))
+sys.path.insert(0, str(HERE.parents[1] / "gpu" / "e2e"))
+sys.path.insert(0, str(HERE.parent / "series"))  # test_patched_cli
 
 import full_plan  # noqa: E402
 import models  # noqa: E402

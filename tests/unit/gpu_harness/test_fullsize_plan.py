@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-HERE = Path(__file__).resolve().parents[1] / "gpu"
+HERE = Path(__file__).resolve().parents[2] / "gpu"
 sys.path.insert(0, str(HERE / "fullsize"))
 sys.path.insert(0, str(HERE / "e2e"))
 

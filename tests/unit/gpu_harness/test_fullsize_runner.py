@@ -12,7 +12,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parents[1] / "gpu"
+HERE = Path(__file__).resolve().parents[2] / "gpu"
 sys.path.insert(0, str(HERE / "fullsize"))
 sys.path.insert(0, str(HERE / "e2e"))
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gpu" / "e2e"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "gpu" / "e2e"))
 
 import runner  # noqa: E402
 

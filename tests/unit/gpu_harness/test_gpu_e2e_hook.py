@@ -12,7 +12,7 @@ import tarfile
 import textwrap
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parents[1] / "gpu" / "e2e"
+HERE = Path(__file__).resolve().parents[2] / "gpu" / "e2e"
 sys.path.insert(0, str(HERE))
 
 import bundle  # noqa: E402

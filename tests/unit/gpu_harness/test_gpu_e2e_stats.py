@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gpu" / "e2e"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "gpu" / "e2e"))
 
 import e2e_stats as st  # noqa: E402
 

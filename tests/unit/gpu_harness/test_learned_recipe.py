@@ -16,10 +16,11 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 LEARNED = REPO / "tests" / "gpu" / "learned"
 sys.path.insert(0, str(LEARNED))
 sys.path.insert(0, str(REPO / "tests" / "gpu" / "e2e"))
+sys.path.insert(0, str(REPO / "tests" / "unit" / "series"))  # test_patched_cli, torchvision_standin
 
 import corpus  # noqa: E402
 import e2e_stats  # noqa: E402
@@ -155,7 +156,7 @@ def test_looping_finds_a_repeated_run():
 def test_recipe_in_cpu_venv(cpu_python):  # noqa: F811
     """The torch tests above in build/cpu-venv, then SGLang 0.5.23's own parser on the saved drafter: block 16,
     the target layer ids, the mask token, full bidirectional (ENCODER_ONLY) attention, the RoPE base."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "tests" / "unit"), str(REPO)]),
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "tests" / "unit" / "series"), str(REPO)]),
                SGDEPLOY_NEED_TORCH="1")
     if subprocess.run([str(cpu_python), "-c", "import pytest"], capture_output=True).returncode:
         import importlib.metadata
@@ -192,7 +193,7 @@ print(json.dumps({{"block": d.resolve_block_size(default=0),
                   "rope": get_rope_config(cfg)[0], "partial": getattr(cfg, "partial_rotary_factor", 1.0)}}))
 """
     sglang_tree = site_dirs["stock"][1]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(sglang_tree), str(REPO / "tests" / "unit")]))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(sglang_tree), str(REPO / "tests" / "unit" / "series")]))
     proc = subprocess.run([str(cpu_python), "-c", code], capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])

@@ -24,7 +24,7 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="torch is not installed in this environment")
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 SRC = REPO / "patches" / "sglang" / "src"
 REL = "sglang/srt/speculative/ddtree_accept.py"
 

@@ -25,7 +25,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 # name, rows N, vocab V, hidden H, K, config (path forced; small tiles for the interpreter)
 TRITON = {"path": "triton", "BN": 16, "BV": 128, "BK": 32, "num_warps": 4, "num_stages": 1}

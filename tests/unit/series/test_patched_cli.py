@@ -28,7 +28,7 @@ from sgdeploy import patchset, wheel
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 HERE = Path(__file__).resolve().parent  # torchvision_standin.py
 CPU_VENV = Path(os.environ.get("SGDEPLOY_CPU_VENV", REPO / "build" / "cpu-venv"))
 # What `from sglang.srt.server_args import prepare_server_args` needs on the CPU
@@ -56,7 +56,7 @@ INSTALLED_PROBE = "import importlib.metadata as m, sys\nfor r in sys.argv[1:]: m
 PARSE = r"""
 import json, sys
 
-import torchvision_standin  # tests/unit, on PYTHONPATH
+import torchvision_standin  # tests/unit/series, on PYTHONPATH
 
 torchvision_standin.install()
 from sglang.srt.server_args import prepare_server_args

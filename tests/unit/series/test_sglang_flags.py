@@ -1,7 +1,7 @@
 """The committed table of SGLang 0.5.23's option strings (sgdeploy/sglang_flags.json) is what the pristine
 wheel's own parser gives: regenerated here from the wheel, by `ServerArgs.add_cli_args` on the CPU, and
 compared with the committed file (a changed pin or parser must come with a regenerated table:
-`python -m sgdeploy.sglang_flags --python build/cpu-venv/bin/python --extra-path tests/unit`).
+`python -m sgdeploy.sglang_flags --python build/cpu-venv/bin/python --extra-path tests/unit/series`).
 
 Slow (the CPU virtualenv of test_patched_cli.py, made when missing): `pytest -m slow`.
 """

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from test_patched_cli import cpu_python  # noqa: F401  (the build/cpu-venv fixture)
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 HARNESS = REPO / "tests" / "gpu" / "test_topk_tp2.py"
 sys.path.insert(0, str(REPO / "tests" / "gpu"))
 

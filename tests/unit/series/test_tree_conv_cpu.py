@@ -22,7 +22,7 @@ from test_patched_cli import cpu_python, downloads  # noqa: F401  (build/cpu-ven
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 CHECK = REPO / "tests" / "gpu" / "tree_conv_check.py"
 KERNEL = REPO / "patches" / "sglang" / "src" / "sglang" / "srt" / "speculative" / "ddtree_tree_conv.py"
 

@@ -26,7 +26,7 @@ import pytest
 
 from sgdeploy import patchset, wheel
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 PINS = wheel.load_pins()
 PIN = PINS.for_python("3.11")
 README = "sglang/README.md"

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import requests
 
-SIM = Path(__file__).resolve().parents[1] / "sim" / "sglang_sim.py"
+SIM = Path(__file__).resolve().parents[2] / "sim" / "sglang_sim.py"
 HYBRID = "Qwen/Qwen3.6-27B"  # not a local folder: decided from the name
 PURE = "meta-llama/Llama-3.1-8B-Instruct"
 DRAFT = ["--speculative-draft-model-path", "z-lab/Qwen3.6-27B-DFlash"]

@@ -13,7 +13,7 @@ import pytest
 
 from sgdeploy import cli, report
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 SGDEPLOY = Path(sys.executable).parent / "sgdeploy"
 SUBCOMMANDS = ("config", "validate", "render", "gate", "tunnel", "hosts", "report", "wheel", "sweep", "bench",
                "records")

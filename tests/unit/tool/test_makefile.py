@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 pytestmark = pytest.mark.skipif(not (REPO / ".venv" / ".installed").exists(), reason="needs `make setup`")
 # What the user sets on the make command line (the Makefile's USER_VARS, and INV made from them).
 USER_VARS = ("CONFIG", "INVENTORY", "LIMIT", "SERIAL", "LAB_HOSTS", "LAB_INVENTORY", "BUDGETS", "TOPK_CAPS",

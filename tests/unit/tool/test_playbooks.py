@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 PLAYBOOKS = sorted((REPO / "playbooks").glob("*.yml"))
 ANSIBLE_PLAYBOOK = Path(sys.executable).parent / "ansible-playbook"
 
@@ -90,7 +90,7 @@ def test_the_gate_wait_answers_within_5_s_of_the_gates_ending():
     """Issue 33 item 5: a fixed 25 s poll made a 1 s smoke gate cost 25 s per host."""
     import yaml as _yaml
 
-    tasks = _yaml.safe_load((Path(__file__).resolve().parents[2] / "roles/sglang_deploy/tasks/gate.yml").read_text())
+    tasks = _yaml.safe_load((Path(__file__).resolve().parents[3] / "roles/sglang_deploy/tasks/gate.yml").read_text())
     wait = next(t for t in tasks if t["name"].startswith("Wait for the gates"))
     assert int(wait["delay"]) <= 5
     assert "// 5)" in str(wait["retries"])  # the retries still cover the whole lease

@@ -15,7 +15,7 @@ import pytest
 
 from sgdeploy import cli, render, spec
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 LABEL = "0123456789ab"
 PY = f"/opt/sglang/releases/{LABEL}/venv/bin/python"
 MODELS = "/var/lib/sglang/models"

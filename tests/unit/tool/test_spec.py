@@ -14,7 +14,7 @@ import yaml
 
 from sgdeploy import cli, spec
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 SHIPPED = spec.available()
 REQUIRED_CONFIGS = {"ar", "dflash-b16", "ddtree-b15", "ddtree-b32", "ddtree-b64", "ddtree-b15-nofork",
                     "ddtree-b64-nofork", "kimi-k2.6-ddtree-b64-tp8"}

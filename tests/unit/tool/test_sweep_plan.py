@@ -20,7 +20,7 @@ import yaml
 
 from sgdeploy import bench, gate, serving, spec, sweep, tunnel
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def inventory(tmp_path, hosts=("gpu-a", "gpu-b")) -> Path:
