@@ -57,7 +57,7 @@ plan:
   type: dict
 router:
   description: "{unit, installed, active, state, waited_s}: the router's unit as found (after the wait)."
-  returned: success
+  returned: success, and with a refusal because of the router (then without plan)
   type: dict
 """
 
@@ -116,6 +116,8 @@ def main():
         result = plan(layout, p["gpu_count"], deployed(p["state_dir"]), units.listeners(), router_unit, replaces)
     except (ReplicaPlanError, ConflictError) as exc:
         module.fail_json(msg=str(exc))
+    # A refusal returns no plan: the role registers this module with failed_when: false (which sets failed to
+    # false) and refuses the rollout when the result has no plan.
     state = {"unit": router["unit_name"] if router else None, "installed": router_unit is not None,
              "active": False, "state": "none", "waited_s": 0}
     if router_unit is not None:
@@ -126,12 +128,12 @@ def main():
                     f"{router['url']}/health after {state['waited_s']} s (allowed: a running router, or none "
                     f"installed yet); a rollout never skips taking replicas out of it: start it (systemctl "
                     f"reset-failed {router['unit_name']}; systemctl start {router['unit_name']}) and deploy again",
-                plan=result, router=state)
+                router=state)
         try:
             result = with_live(result, api.workers(router["url"]))
         except api.RouterError as exc:
             module.fail_json(msg=f"router {router['unit_name']}: {exc}; a rollout never skips taking replicas out of "
-                                 "it", plan=result, router=state)
+                                 "it", router=state)
     module.exit_json(changed=False, plan=result, router=state)
 
 
