@@ -161,7 +161,8 @@ def test_a_stranger_worker_in_the_running_router_refuses_the_rollout_naming_it()
     # Found (issue 34): a worker added through the router's API stayed through a whole rolling deploy.
     from ansible_collections.sgdeploy.host.plugins.module_utils.sglang_replica_plan import refuse_strangers, strangers
 
-    listing = {f"http://{BIND}:31501": {"id": "a", "healthy": True}, f"http://{BIND}:31503": {"id": "b", "healthy": True},
+    listing = {f"http://{BIND}:31501": {"id": "a", "healthy": True},
+               f"http://{BIND}:31503": {"id": "b", "healthy": True},
                "http://127.0.33.99:9999": {"id": "w-7", "healthy": True}}
     assert strangers(layout(n=2), router_unit(n=2), listing) == [("http://127.0.33.99:9999", "w-7")]
     with pytest.raises(ReplicaPlanError) as err:
