@@ -118,12 +118,10 @@ def deployed(lab):
     assert f"DEPLOYED on {HOST}: {SINGLE}" in out, out[-3000:]
 
 
-@pytest.mark.xfail(strict=True, reason="make status does not compare the installed unit with the deploy's digest "
-                                       "(playbooks/status.yml, sglang_deploy_status): a hand edit is named only by "
-                                       "the deploy's plan and make verify")
 def test_make_status_names_a_unit_edited_by_hand(lab, deployed):
     """Before: a unit edited by hand (NoNewPrivileges=no, ProtectSystem=no) was silent in status and verify,
-    and the next deploy said unchanged. The deploy and verify now name it (test_drift.py); this is status."""
+    and the next deploy said unchanged. The deploy and verify now name it (test_drift.py); this is status, which
+    stayed silent until the audit found it (docs/hostile-review.md)."""
     lab.ssh(HOST, f"cp -a {UNIT} /root/found-unit.bak && sed -i -e 's/^NoNewPrivileges=yes/NoNewPrivileges=no/' "
                   f"-e 's/^ProtectSystem=.*/ProtectSystem=no/' {UNIT} && systemctl daemon-reload")
     try:
