@@ -113,7 +113,7 @@ def test_a_rollout_that_does_not_fit_is_refused_before_replica_0_changes(lab):
 def _x2_serving(lab) -> bool:
     try:
         return _listed(lab) == _urls(lab, 2)
-    except OSError:
+    except (OSError, AssertionError):  # no router answering, or none deployed yet (no key file: ssh fails)
         return False
 
 
