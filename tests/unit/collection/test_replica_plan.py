@@ -155,3 +155,24 @@ def test_a_replica_serves_only_when_the_running_router_lists_it_healthy():
     p = with_live(p, {f"http://{BIND}:31501": {"healthy": True}, f"http://{BIND}:31503": {"healthy": False}})
     assert [r["serving"] for r in p["replicas"]] == [True, False, False]
     assert p["router_workers_first"] == [f"http://{BIND}:31501"]
+
+
+def test_a_stranger_worker_in_the_running_router_refuses_the_rollout_naming_it():
+    # Found (issue 34): a worker added through the router's API stayed through a whole rolling deploy.
+    from ansible_collections.sgdeploy.host.plugins.module_utils.sglang_replica_plan import refuse_strangers, strangers
+
+    listing = {f"http://{BIND}:31501": {"id": "a", "healthy": True},
+               f"http://{BIND}:31503": {"id": "b", "healthy": True},
+               "http://127.0.33.99:9999": {"id": "w-7", "healthy": True}}
+    assert strangers(layout(n=2), router_unit(n=2), listing) == [("http://127.0.33.99:9999", "w-7")]
+    with pytest.raises(ReplicaPlanError) as err:
+        refuse_strangers(layout(n=2), router_unit(n=2), listing, "/etc/sglang/router-31500.env")
+    msg = str(err.value)
+    assert msg.startswith("config ddtree-b15: router sglang-router-31500.service routes to http://127.0.33.99:9999, "
+                          "which neither its unit nor this config names"), msg
+    assert "/etc/sglang/router-31500.env" in msg and "http://127.0.0.1:31500/workers/w-7" in msg
+    # What the unit or the new layout names is no stranger: a replica of a scale down (the unit) or up (the layout).
+    del listing["http://127.0.33.99:9999"]
+    listing[f"http://{BIND}:31505"] = {"id": "c", "healthy": True}
+    refuse_strangers(layout(n=2), router_unit(n=3), listing, "/etc/sglang/router-31500.env")
+    refuse_strangers(layout(n=3), router_unit(n=2), listing, "/etc/sglang/router-31500.env")

@@ -14,6 +14,8 @@ description:
   - When the router's unit is installed, waits up to O(router_wait_s) for it to be active and to answer
     C(/health) (e.g. during systemd's restart delay after a crash), and fails when it does not; a rollout
     never takes replicas out of, or puts them into, a router it cannot reach.
+  - Fails when the running router lists a worker that neither its unit nor the layout names (a stranger,
+    added through its API by someone else), naming it and how to take it out; a rollout never runs beside it.
   - Read-only; the same in check mode.
 options:
   layout: {description: "The renderer's layout (sgdeploy render --json): config, bind_address, replicas, router.",
@@ -76,6 +78,7 @@ from ansible_collections.sgdeploy.host.plugins.module_utils.sglang_deploy_plan i
 from ansible_collections.sgdeploy.host.plugins.module_utils.sglang_replica_plan import (  # noqa: E402
     ReplicaPlanError,
     plan,
+    refuse_strangers,
     with_live,
 )
 
@@ -130,10 +133,15 @@ def main():
                     f"reset-failed {router['unit_name']}; systemctl start {router['unit_name']}) and deploy again",
                 router=state)
         try:
-            result = with_live(result, api.workers(router["url"]))
+            listing = api.workers(router["url"])
         except api.RouterError as exc:
             module.fail_json(msg=f"router {router['unit_name']}: {exc}; a rollout never skips taking replicas out of "
                                  "it", router=state)
+        try:
+            refuse_strangers(layout, router_unit, listing, api.env_file(router["port"]))
+        except ReplicaPlanError as exc:
+            module.fail_json(msg=str(exc), router=state)
+        result = with_live(result, listing)
     module.exit_json(changed=False, plan=result, router=state)
 
 
