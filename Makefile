@@ -4,7 +4,7 @@
 # Variables a user sets (CONFIG, INVENTORY, LIMIT, ...; USER_VARS below) reach recipes only as
 # environment variables, quoted in the shell ("$$CONFIG"), never as recipe text: a value with
 # `;`, backticks or `$(...)` is one argument, never a command. Keep it so in new targets:
-# write "$$CONFIG", not $(CONFIG), in a recipe (tests/unit/test_makefile.py checks).
+# write "$$CONFIG", not $(CONFIG), in a recipe (tests/unit/tool/test_makefile.py checks).
 #
 # Every target that touches hosts first checks that its plays have hosts to run on (need_hosts:
 # `sgdeploy hosts`): a missing or unparsable inventory, an empty gpu_hosts group, or a LIMIT/HOST that

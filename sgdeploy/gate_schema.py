@@ -3,7 +3,7 @@
 ``sgdeploy.spec`` builds the gates section of its config schema from ``FIELDS`` and checks the values
 with ``check``; ``sgdeploy.gate`` takes the defaults of its ``GateThresholds`` from ``DEFAULTS`` and
 checks a mapping with the same ``check``. So a default or a bound changes in one place only
-(``tests/unit/test_gate.py`` fails if the two ever disagree again). See docs/gates.md.
+(``tests/unit/tool/test_gate.py`` fails if the two ever disagree again). See docs/gates.md.
 
 Standard library only: ``sgdeploy.gate`` imports it on hosts with the system python3.
 """

@@ -5,7 +5,7 @@ spelling: SGLang's parser knows aliases (`--tp` ... `--tensor-parallel-size` for
 being a plain `argparse.ArgumentParser`, takes any unique prefix of a long option (`--tp-s`,
 `--mem-frac`) and the `--flag=value` form. The table is generated from the pristine wheel
 (patches/sglang/upstream.yml) by SGLang's own `ServerArgs.add_cli_args` on the CPU and committed
-(sgdeploy/sglang_flags.json); `tests/unit/test_sglang_flags.py` (slow) regenerates it and checks it equals
+(sgdeploy/sglang_flags.json); `tests/unit/series/test_sglang_flags.py` (slow) regenerates it and checks it equals
 the committed file:
 
     python -m sgdeploy.sglang_flags --python build/cpu-venv/bin/python [--out sgdeploy/sglang_flags.json]
@@ -116,7 +116,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--python", type=Path, required=True, help="a CPU venv's python with SGLang's dependencies")
     ap.add_argument("--out", type=Path, default=TABLE_PATH)
     ap.add_argument("--extra-path", type=Path, action="append", default=[],
-                    help="more PYTHONPATH entries (tests/unit for its torchvision stand-in)")
+                    help="more PYTHONPATH entries (tests/unit/series for its torchvision stand-in)")
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="sglang-flags-") as tmp:
         version = subprocess.run([str(args.python), "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],

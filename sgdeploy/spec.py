@@ -424,6 +424,23 @@ def load_merged(path: Path, config_dir: Path | None = None, _chain: tuple[Path, 
 # Validation
 
 
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+# The kinds of leaf that are one type test: kind → (test, what is allowed).
+_PLAIN_KINDS: dict[str, tuple[Any, str]] = {
+    "str": (lambda value: isinstance(value, str) and bool(value), "must be a non-empty string"),
+    "bool": (lambda value: isinstance(value, bool), "must be true or false"),
+    "int": (_whole, "must be a whole number"),
+    "float": (lambda value: not isinstance(value, bool) and isinstance(value, (int, float)), "must be a number"),
+    "list[int]": (lambda value: isinstance(value, list) and all(_whole(v) for v in value),
+                  "must be a list of whole numbers"),
+    "list[str]": (lambda value: isinstance(value, list) and all(isinstance(v, str) for v in value),
+                  "must be a list of strings"),
+}
+
+
 class _Checker:
     def __init__(self, source: Path):
         self.source = source
@@ -440,22 +457,11 @@ class _Checker:
                 self.bad(path, ABSENT, "required")
                 return None
             return default() if callable(default) else default
-        if kind == "str":
-            if not isinstance(value, str) or not value:
-                return self.bad(path, value, "must be a non-empty string")
-            return value
-        if kind == "bool":
-            if not isinstance(value, bool):
-                return self.bad(path, value, "must be true or false")
-            return value
-        if kind == "int":
-            if isinstance(value, bool) or not isinstance(value, int):
-                return self.bad(path, value, "must be a whole number")
-            return value
-        if kind == "float":
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                return self.bad(path, value, "must be a number")
-            return float(value)
+        if kind in _PLAIN_KINDS:
+            ok, allowed = _PLAIN_KINDS[kind]
+            if not ok(value):
+                return self.bad(path, value, allowed)
+            return float(value) if kind == "float" else value
         if kind == "choice":
             if value not in spec[2]:
                 return self.bad(path, value, f"must be one of {', '.join(spec[2])}")
@@ -466,28 +472,23 @@ class _Checker:
             except ValueError:
                 return self.bad(path, value, "must be an IP address (e.g. 127.0.0.1 for loopback only)")
             return str(value)
-        if kind == "list[int]":
-            if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool)
-                                                      for v in value):
-                return self.bad(path, value, "must be a list of whole numbers")
-            return value
-        if kind == "list[str]":
-            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-                return self.bad(path, value, "must be a list of strings")
-            return value
         if kind == "map[str]":
-            if not isinstance(value, dict):
-                return self.bad(path, value, "must be a mapping of NAME: value")
-            out = {}
-            for k, v in value.items():
-                if not isinstance(k, str) or not ENV_NAME_RE.fullmatch(k):
-                    self.bad(f"{path}.{_key(k)}", k, "environment variable names are letters, digits and _")
-                elif isinstance(v, (dict, list)) or v is None:
-                    self.bad(f"{path}.{k}", v, "must be a string, number or boolean")
-                else:
-                    out[k] = str(v).lower() if isinstance(v, bool) else str(v)
-            return out
+            return self.env_map(path, value)
         raise AssertionError(kind)
+
+    def env_map(self, path: str, value: Any) -> dict[str, str] | None:
+        """A mapping of environment variable NAME: value, each value a string (true/false in lower case)."""
+        if not isinstance(value, dict):
+            return self.bad(path, value, "must be a mapping of NAME: value")
+        out = {}
+        for k, v in value.items():
+            if not isinstance(k, str) or not ENV_NAME_RE.fullmatch(k):
+                self.bad(f"{path}.{_key(k)}", k, "environment variable names are letters, digits and _")
+            elif isinstance(v, (dict, list)) or v is None:
+                self.bad(f"{path}.{k}", v, "must be a string, number or boolean")
+            else:
+                out[k] = str(v).lower() if isinstance(v, bool) else str(v)
+        return out
 
     def section(self, path: str, data: Any, schema: dict[str, Any]) -> dict[str, Any]:
         if data is ABSENT or data is None:
@@ -619,6 +620,40 @@ def _check_strings(chk: _Checker, v: dict[str, Any]) -> None:
 def validate(merged: dict[str, Any], source: Path, name: str) -> Config:
     """Typed config from a merged mapping, or ConfigError with every problem found."""
     chk = _Checker(source)
+    _check_name(chk, name)
+    v = chk.section("", merged, SCHEMA)
+    spec, serving, gates = v["speculative"], v["serving"], v["gates"]
+    algo = spec["algorithm"]
+
+    _check_algorithm_fields(chk, merged, v)
+    if algo == "DDTREE":
+        _check_ddtree(chk, spec, v["model"]["recurrent_layers"])
+
+    # Model sources.
+    for part in ("model", "drafter"):
+        if v[part] is not None and not (part == "drafter" and algo == "NONE"):
+            _check_source(chk, part, v[part])
+
+    # Serving.
+    replicas, router = _check_replicas(chk, serving)
+    _check_gpus(chk, serving, replicas)
+    port, nccl = _check_ports(chk, serving, replicas, router)
+    _check_serving_numbers(chk, serving)
+    _check_extra_args(chk, serving["extra_args"] or [])
+    _check_env(chk, serving["env"] or {})
+    _check_api_key_secret(chk, serving)
+
+    _check_forking_memory(chk, v["model"], spec, serving)
+    _check_strings(chk, v)
+    _check_gates(chk, gates, algo)
+
+    if chk.problems:
+        raise ConfigError(chk.problems)
+    return _config(merged, source, name, v, replicas=replicas, router=router, port=port, nccl=nccl)
+
+
+def _check_name(chk: _Checker, name: str) -> None:
+    """The config's name (its file name): it names the units and the files beside them."""
     if not NAME_RE.fullmatch(name):
         chk.bad("name", name, "config file names are lower-case letters, digits, '.', '_' and '-'")
     elif len(name) > MAX_NAME:
@@ -628,11 +663,13 @@ def validate(merged: dict[str, Any], source: Path, name: str) -> Config:
         for reserved, why in RESERVED_NAME_RES:
             if reserved.search(name):
                 chk.bad("name", name, why)
-    v = chk.section("", merged, SCHEMA)
-    spec, serving, gates = v["speculative"], v["serving"], v["gates"]
-    algo = spec["algorithm"]
 
-    # Algorithm-specific fields.
+
+def _check_algorithm_fields(chk: _Checker, merged: dict[str, Any], v: dict[str, Any]) -> None:
+    """Algorithm-specific fields: only for the algorithms that take them; a drafter and a block size
+    for DFLASH and DDTREE."""
+    spec = v["speculative"]
+    algo = spec["algorithm"]
     raw_spec = merged.get("speculative") if isinstance(merged.get("speculative"), dict) else {}
     allowed = SPEC_FIELDS_BY_ALGORITHM.get(algo, set())
     for key in ("block_size", "budget", "topk_cap", "state_forking", "fused_topk", "reproduce_state_leak"):
@@ -650,44 +687,43 @@ def validate(merged: dict[str, Any], source: Path, name: str) -> Config:
             chk.bad("speculative.block_size", ABSENT, f"required for algorithm {algo}")
         elif bs < 2 or bs > 64:
             chk.bad("speculative.block_size", bs, "must be between 2 and 64")
-    if algo == "DDTREE":
-        budget, cap, bs = spec["budget"], spec["topk_cap"], spec["block_size"]
-        if budget is None:
-            chk.bad("speculative.budget", ABSENT, "required for algorithm DDTREE")
-        elif budget < 1 or budget > MAX_BUDGET:
-            chk.bad("speculative.budget", budget, f"must be between 1 and {MAX_BUDGET}")
-        if cap is None:
-            chk.bad("speculative.topk_cap", ABSENT, "required for algorithm DDTREE")
-        elif cap < 1 or cap > MAX_TOPK_CAP:
-            chk.bad("speculative.topk_cap", cap, f"must be between 1 and {MAX_TOPK_CAP}")
-        elif budget is not None and 1 <= budget and cap > budget:
-            chk.bad("speculative.topk_cap", cap, f"must not exceed speculative.budget ({budget})")
-        for key in ("state_forking", "fused_topk", "reproduce_state_leak"):
-            if spec[key] is None:
-                spec[key] = False
-        recurrent = v["model"]["recurrent_layers"]
-        if (recurrent and not spec["state_forking"] and budget is not None and bs is not None
-                and budget > bs - 1 and not spec["reproduce_state_leak"]):
-            chk.bad("speculative.budget", budget,
-                    f"on a model with recurrent layers and state_forking off, must be at most block_size - 1 "
-                    f"({bs - 1}): sibling nodes would share the recurrent state and acceptance collapses; "
-                    "turn speculative.state_forking on, or set speculative.reproduce_state_leak: true to "
-                    "reproduce the collapse on purpose")
-        if spec["state_forking"] and recurrent is False:
-            chk.bad("speculative.state_forking", True,
-                    "only for models with recurrent layers (model.recurrent_layers: true)")
-        if spec["reproduce_state_leak"] and (spec["state_forking"] or not recurrent):
-            chk.bad("speculative.reproduce_state_leak", True,
-                    "only with state_forking: false on a model with recurrent layers")
 
-    # Model sources.
-    for part in ("model", "drafter"):
-        if v[part] is not None and not (part == "drafter" and algo == "NONE"):
-            _check_source(chk, part, v[part])
 
-    # Serving.
+def _check_ddtree(chk: _Checker, spec: dict[str, Any], recurrent: Any) -> None:
+    """DDTREE's budget and top-k cap, and its state switches against the model's recurrent layers.
+    Sets the switches left out to false."""
+    budget, cap, bs = spec["budget"], spec["topk_cap"], spec["block_size"]
+    if budget is None:
+        chk.bad("speculative.budget", ABSENT, "required for algorithm DDTREE")
+    elif budget < 1 or budget > MAX_BUDGET:
+        chk.bad("speculative.budget", budget, f"must be between 1 and {MAX_BUDGET}")
+    if cap is None:
+        chk.bad("speculative.topk_cap", ABSENT, "required for algorithm DDTREE")
+    elif cap < 1 or cap > MAX_TOPK_CAP:
+        chk.bad("speculative.topk_cap", cap, f"must be between 1 and {MAX_TOPK_CAP}")
+    elif budget is not None and 1 <= budget and cap > budget:
+        chk.bad("speculative.topk_cap", cap, f"must not exceed speculative.budget ({budget})")
+    for key in ("state_forking", "fused_topk", "reproduce_state_leak"):
+        if spec[key] is None:
+            spec[key] = False
+    if (recurrent and not spec["state_forking"] and budget is not None and bs is not None
+            and budget > bs - 1 and not spec["reproduce_state_leak"]):
+        chk.bad("speculative.budget", budget,
+                f"on a model with recurrent layers and state_forking off, must be at most block_size - 1 "
+                f"({bs - 1}): sibling nodes would share the recurrent state and acceptance collapses; "
+                "turn speculative.state_forking on, or set speculative.reproduce_state_leak: true to "
+                "reproduce the collapse on purpose")
+    if spec["state_forking"] and recurrent is False:
+        chk.bad("speculative.state_forking", True,
+                "only for models with recurrent layers (model.recurrent_layers: true)")
+    if spec["reproduce_state_leak"] and (spec["state_forking"] or not recurrent):
+        chk.bad("speculative.reproduce_state_leak", True,
+                "only with state_forking: false on a model with recurrent layers")
+
+
+def _check_gpus(chk: _Checker, serving: dict[str, Any], replicas: int) -> None:
+    """serving.gpus: distinct indices, tp_size of them per replica; serving.tp_size 1 or more."""
     gpus, tp = serving["gpus"], serving["tp_size"]
-    replicas, router = _check_replicas(chk, serving)
     if isinstance(gpus, list):
         if not gpus:
             chk.bad("serving.gpus", gpus, "must list at least one GPU index")
@@ -702,6 +738,11 @@ def validate(merged: dict[str, Any], source: Path, name: str) -> Config:
                                           f"{replicas * tp}) GPUs: replica i runs on gpus[i*tp_size:(i+1)*tp_size]")
     if isinstance(tp, int) and tp < 1:
         chk.bad("serving.tp_size", tp, "must be 1 or more")
+
+
+def _check_ports(chk: _Checker, serving: dict[str, Any], replicas: int, router: bool) -> tuple[Any, Any]:
+    """serving.port and serving.nccl_port → (port, nccl_port); a bad port is None. Sets the NCCL port
+    left out (serving.port + 1, or + 2 with the router)."""
     port = serving["port"]
     top = 65535 - (2 * replicas if router else 0)
     bottom = 1025 if router else 1024
@@ -723,6 +764,11 @@ def validate(merged: dict[str, Any], source: Path, name: str) -> Config:
         serving["nccl_port"] = nccl
     elif isinstance(nccl, int) and (not 1024 <= nccl <= 65535 or nccl == port):
         chk.bad("serving.nccl_port", nccl, "must be between 1024 and 65535 and differ from serving.port")
+    return port, nccl
+
+
+def _check_serving_numbers(chk: _Checker, serving: dict[str, Any]) -> None:
+    """serving.mem_fraction_static, max_running_requests and the timeouts: within their bounds."""
     mem = serving["mem_fraction_static"]
     if isinstance(mem, float) and not 0.1 <= mem <= 0.98:
         chk.bad("serving.mem_fraction_static", mem, "must be between 0.1 and 0.98")
@@ -733,14 +779,11 @@ def validate(merged: dict[str, Any], source: Path, name: str) -> Config:
         t = serving[key]
         if isinstance(t, int) and not 1 <= t <= 86400:
             chk.bad(f"serving.{key}", t, "must be between 1 and 86400 seconds (a timeout of 0 never gives up)")
-    _check_extra_args(chk, serving["extra_args"] or [])
-    _check_env(chk, serving["env"] or {})
-    _check_api_key_secret(chk, serving)
 
-    _check_forking_memory(chk, v["model"], spec, serving)
-    _check_strings(chk, v)
 
-    # Gates (bounds from sgdeploy.gate_schema; the kinds were checked by the schema above).
+def _check_gates(chk: _Checker, gates: dict[str, Any], algo: str) -> None:
+    """Gates (bounds from sgdeploy.gate_schema; the kinds were checked by the schema). Replaces each
+    given gate by the checked one."""
     for key, g in gates.items():
         if g is not None:
             try:
@@ -751,9 +794,12 @@ def validate(merged: dict[str, Any], source: Path, name: str) -> Config:
         chk.bad("gates.min_accept_length", gates["min_accept_length"],
                 "an autoregressive config accepts exactly 1 token per step; use at most 1 or leave it out")
 
-    if chk.problems:
-        raise ConfigError(chk.problems)
 
+def _config(merged: dict[str, Any], source: Path, name: str, v: dict[str, Any], *, replicas: int, router: bool,
+            port: int, nccl: int) -> Config:
+    """The typed Config of a config that passed every check."""
+    spec, serving, gates = v["speculative"], v["serving"], v["gates"]
+    algo = spec["algorithm"]
     for part in ("model", "drafter"):
         if v[part] is not None and v[part]["allow_patterns"] is not None:
             v[part]["allow_patterns"] = tuple(v[part]["allow_patterns"])
@@ -761,16 +807,16 @@ def validate(merged: dict[str, Any], source: Path, name: str) -> Config:
     drafter = Drafter(**v["drafter"]) if v["drafter"] is not None and algo != "NONE" else None
     speculative = Speculative(**{k: val for k, val in spec.items() if val is not None or k == "algorithm"})
     serving_obj = Serving(
-        gpus=tuple(gpus), tp_size=tp, host=serving["host"], port=port, nccl_port=nccl,
-        attention_backend=serving["attention_backend"], mem_fraction_static=mem,
-        max_running_requests=mrr, extra_args=tuple(serving["extra_args"]), env=dict(serving["env"]),
+        gpus=tuple(serving["gpus"]), tp_size=serving["tp_size"], host=serving["host"], port=port, nccl_port=nccl,
+        attention_backend=serving["attention_backend"], mem_fraction_static=serving["mem_fraction_static"],
+        max_running_requests=serving["max_running_requests"], extra_args=tuple(serving["extra_args"]),
+        env=dict(serving["env"]),
         start_timeout_s=serving["start_timeout_s"], stop_timeout_s=serving["stop_timeout_s"],
         drain_timeout_s=serving["drain_timeout_s"], forking_memory_gib=serving["forking_memory_gib"],
         replicas=replicas, router=router, api_key_secret=serving["api_key_secret"],
     )
     return Config(name=name, source=source, description=v["description"], model=model, drafter=drafter,
                   speculative=speculative, serving=serving_obj, gates=Gates(dict(gates)), merged=merged)
-
 
 MAX_REPLICAS = 64
 

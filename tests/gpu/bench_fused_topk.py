@@ -89,7 +89,7 @@ def paired(fn_a, fn_b, pairs=61):
     return statistics.median(a), statistics.median(b), statistics.median(ratios), (q[0], q[2])
 
 
-def main(out_dir: str, try_configs: bool):
+def main(out_dir: str, try_configs: bool):  # noqa: C901 - one flat benchmark script, step by step
     out = pathlib.Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     mod = load_kernel_module()

@@ -2,7 +2,7 @@
 and the loader that imports the kernel file from where it lives (patches/sglang/src/, or
 $FUSED_TOPK_FILE). Needs torch only (no
 pytest): tests/gpu/test_fused_topk.py (GPU), tests/gpu/bench_fused_topk.py and the CPU child of
-tests/unit/test_fused_topk_cpu.py (Triton's interpreter) share it."""
+tests/unit/series/test_fused_topk_cpu.py (Triton's interpreter) share it."""
 
 from __future__ import annotations
 

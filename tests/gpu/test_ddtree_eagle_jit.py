@@ -13,7 +13,7 @@ helpers of ``sglang.srt.utils.common`` are stubbed) and runs them on trees from 
 patched ``build_ddtree``:
 
 - greedy: ``predict``, ``accept_index`` and ``accept_token_num`` exactly equal to the plain
-  Python reference walk (``tests/unit/test_ddtree_accept.py``) and to ``ddtree_accept``;
+  Python reference walk (``tests/unit/series/test_ddtree_accept.py``) and to ``ddtree_accept``;
 - sampled, zero draft probs: given the same coins, equal to the float64 reference walk
   per request (requests whose coin lies within float32 round-off of an interval edge
   are counted as near ties, not compared), on small vocabularies (plain Python

@@ -37,7 +37,7 @@ sys.path.insert(0, str(REPO / "tests" / "unit"))
 torch = pytest.importorskip("torch")
 triton = pytest.importorskip("triton")
 if not torch.cuda.is_available():
-    pytest.skip("needs a CUDA GPU (the CPU part is tests/unit/test_ddtree_accept.py)", allow_module_level=True)
+    pytest.skip("needs a CUDA GPU (the CPU part is tests/unit/series/test_ddtree_accept.py)", allow_module_level=True)
 
 import test_ddtree_accept as cpu  # noqa: E402
 from sglang_loader import ROOTS, UPSTREAM_ROOT, load_module  # noqa: E402

@@ -4,7 +4,7 @@ All four logits paths are covered: the Triton kernel (small N), from CUBLAS_MIN_
 fp32 logits + the Triton pass, and from TMA_MIN_ROWS rows the persistent TMA kernel with the pass
 as its epilogue (on Hopper the warp-specialised Gluon "pingpong" kernel, elsewhere the Triton
 "tma" kernel), each followed by the per-row selection (forced with config={"path": ...} where a
-test needs another one). tests/unit/test_fused_topk_cpu.py runs the Triton kernels on the CPU
+test needs another one). tests/unit/series/test_fused_topk_cpu.py runs the Triton kernels on the CPU
 (Triton's interpreter) in CI; Gluon does not run there. Runs on a CUDA GPU (skipped elsewhere).
 The kernel is the series' new file patches/sglang/src/sglang/srt/speculative/fused_depth_topk.py
 (or $FUSED_TOPK_FILE), imported by path, so no SGLang package __init__ runs: it needs only torch

@@ -29,7 +29,7 @@ which. Results: ``OUT/topk_tp2.json``; exit status 1 when a check failed.
     python3 tests/gpu/test_topk_tp2.py --out DIR --backend gloo --device cpu  # CPU, small shapes
     ... --backend gloo --device cpu --interpret    # and the fused kernel's TP merge under Triton's interpreter
 
-``--fault`` (test equipment for tests/unit/test_topk_tp2_cpu.py) gives the ranks a deliberately wrong shim, so
+``--fault`` (test equipment for tests/unit/series/test_topk_tp2_cpu.py) gives the ranks a deliberately wrong shim, so
 the unit test can show the checks catch a broken merge: ``offset`` (every rank says its shard starts at id 0),
 ``padding`` (the shard's padding rows counted as vocabulary), ``local`` (all_gather returns this rank's own
 tensor world_size times). NVLink multicast stays off (NCCL_NVLS_ENABLE=0, set here for both ranks).
@@ -249,7 +249,7 @@ def _bcast(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-# The interpreter's tiles (tests/unit/test_fused_topk_cpu.py's TRITON): small, so that a shard has several.
+# The interpreter's tiles (tests/unit/series/test_fused_topk_cpu.py's TRITON): small, so that a shard has several.
 INTERPRET_CONFIG = {"path": "triton", "BN": 16, "BV": 128, "BK": 32, "num_warps": 4, "num_stages": 1}
 
 

@@ -8,7 +8,7 @@ state, and nothing else written (a padded row, ``pad_slot_id``, is left alone by
 bias or none, int32 (CUDA-graph buffers) and int64 (DDTree's own) parents, T from 2 up.
 
 Plain torch + Triton (no pytest), so it runs in build/cpu-venv under ``TRITON_INTERPRET=1``
-(tests/unit/test_tree_conv_cpu.py, fp16: numpy has no bf16) and on the lent H200 at full size in
+(tests/unit/series/test_tree_conv_cpu.py, fp16: numpy has no bf16) and on the lent H200 at full size in
 bf16 (tests/gpu/fullsize/gdn_verify_split.py). Kernels come from ``sglang_loader.ROOTS``.
 """
 

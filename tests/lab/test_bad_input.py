@@ -3,7 +3,7 @@
 Each is refused on the controller before any host is touched: exit 2, one line naming the field or
 variable and its value, no traceback, the command in the string never runs (no /tmp/pwned on the
 controller or a host), and the lab host's units, files and processes are as they were. The same
-rules have unit tests (tests/unit/test_makefile.py, test_spec.py, test_render.py); this runs them
+rules have unit tests (tests/unit/tool/test_makefile.py, test_spec.py, test_render.py); this runs them
 end to end against the lab's inventory.
 """
 

@@ -113,7 +113,7 @@ def test_a_rollout_that_does_not_fit_is_refused_before_replica_0_changes(lab):
 def _x2_serving(lab) -> bool:
     try:
         return _listed(lab) == _urls(lab, 2)
-    except OSError:
+    except (OSError, AssertionError):  # no router answering, or none deployed yet (no key file: ssh fails)
         return False
 
 
@@ -175,3 +175,44 @@ def test_a_router_that_is_restarting_is_waited_for_and_every_replica_leaves_it(l
             f"{ROUTER_PORT} (never all down: at least 1 healthy replica(s) in the router at each take-out") \
         in proc.stdout, proc.stdout[-3000:]
     assert _listed(lab) == _urls(lab, 2)
+
+
+def test_a_stranger_worker_in_the_router_refuses_the_rollout_before_any_change(lab):
+    """Found (issue 34): a worker added through the router's API stayed through a whole rolling deploy. Now the
+    rollout's plan compares what the running router lists with its unit and the layout, and refuses, naming it."""
+    from test_router import api
+
+    if not _x2_serving(lab):
+        _deploy(lab, "x2")
+    addr = lab.address(HOST)
+    router, stranger = f"http://{addr}:{ROUTER_PORT}", f"http://{addr}:31590"
+    key = _router_key31500(lab)
+    # A live engine nobody deployed: replica 1's command on other ports, as a transient unit.
+    exec_start = lab.ssh(HOST, "systemctl cat sglang-lab-scale-x2-r1.service | sed -n 's/^ExecStart=//p'")
+    exec_start = exec_start.stdout.strip()
+    argv = exec_start.replace("--port 31503", "--port 31590").replace("--nccl-port 31504", "--nccl-port 31591")
+    assert "--port 31590" in argv, exec_start
+    lab.ssh(HOST, f"systemd-run --quiet --unit lab-stranger-31590 "
+                  f"--property=EnvironmentFile=/etc/sglang/lab-scale-x2-r1.env {argv}")
+    r0 = "sglang-lab-scale-x2-r0.service"
+    try:
+        for _ in range(120):
+            if lab.ssh(HOST, f"curl -fsS -o /dev/null {stranger}/health", check=False).returncode == 0:
+                break
+            time.sleep(1)
+        api.add(router, stranger, key=key)
+        ok, _, detail = api.settle(router, [stranger], [], 60, key=key)
+        assert ok, detail
+        since = _since(lab, r0)
+        proc = _deploy(lab, "x2", check=False)
+        assert proc.returncode != 0
+        assert (f"ROLLOUT REFUSED on {HOST} before any change: config lab-scale-x2: router {ROUTER_UNIT} routes to "
+                f"{stranger}, which neither its unit nor this config names") in proc.stdout, proc.stdout[-3000:]
+        assert _since(lab, r0) == since
+    finally:
+        listing = api.workers(router, key=key)
+        if stranger in listing:
+            api.remove(router, listing[stranger]["id"], key=key)
+        lab.ssh(HOST, "systemctl stop lab-stranger-31590", check=False)
+    ok, _, detail = api.settle(router, list(_urls(lab, 2)), [stranger], 60, key=key)
+    assert ok, detail

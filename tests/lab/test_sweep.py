@@ -148,7 +148,7 @@ def test_sweep_with_state_forking_finds_no_cliff_and_recommends_the_largest_budg
     lab = before_running
     # 8 requests and a 5% tie band: this lab shares two cores with another lab running deploys, and a
     # variant's bench lasts a few seconds, so load changes between variants move tokens/s by a few
-    # percent (the default band, 3%, is for a GPU host; tests/unit/test_report.py checks it exactly).
+    # percent (the default band, 3%, is for a GPU host; tests/unit/tool/test_report.py checks it exactly).
     proc, results, _ = run_sweep(lab, tmp_path, "ddtree-b15", "15 32 64", "--tie-tolerance", "0.05", requests=8)
     rows = {v["budget"]: v for v in results["variants"]}
     assert results["cliff"] is None and results["warning"] is None

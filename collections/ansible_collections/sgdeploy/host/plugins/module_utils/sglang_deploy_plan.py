@@ -182,6 +182,26 @@ def drift(deploy, current, unit_dir, env_dir, unit_text=None, env_src=None, env_
     return out
 
 
+def installed_drift(current, unit_dir="/etc/systemd/system"):
+    """Hand edits of a deployed config's unit and env file since its deploy, by the digests, modes and owners
+    its commit recorded in ``current`` (its current.json), as ``drift`` words them (``make status``). The env
+    file's group is the service user's (``service_user``); unknown, the group is not judged."""
+    env_file = current.get("env_file")
+    env_dir = os.path.dirname(env_file) if env_file else "/etc/sglang"
+    gid = None
+    try:
+        gid = pwd.getpwnam(current["service_user"]).pw_gid if current.get("service_user") else None
+    except KeyError:
+        gid = None
+    if gid is None:
+        env = units.env_file(env_dir, current["config"])
+        gid = os.stat(env).st_gid if os.path.exists(env) else 0
+    try:
+        return drift(current, current, unit_dir, env_dir, env_gid=gid)
+    except OSError as err:
+        return [f"{err.filename or current['unit_name']}: cannot be read ({err.strerror or err})"]
+
+
 def plan_diff(deploy, result, unit_dir, env_dir, unit_text, env_text, secret_keys):
     """What the switch would change on this host, as Ansible diffs (check mode): the new unit against
     the installed one it replaces (its own name's file, else the first replaced config's), and the env

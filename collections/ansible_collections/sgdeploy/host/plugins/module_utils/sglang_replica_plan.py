@@ -146,6 +146,30 @@ def plan(layout, gpu_count, deployed, sockets, router_unit=None, replaces=()):
     }
 
 
+def strangers(layout, router_unit, listing):
+    """Workers the running router lists (``listing``: its GET /workers) that neither its unit nor the layout
+    names: added through its API by someone else. [(url, id)], sorted."""
+    known = {u.rstrip("/") for u in (router_unit or {}).get("workers", [])}
+    known |= {r["url"].rstrip("/") for r in layout["replicas"]}
+    return sorted((url, w.get("id")) for url, w in listing.items() if url.rstrip("/") not in known)
+
+
+def refuse_strangers(layout, router_unit, listing, env_file):
+    """Raise ReplicaPlanError naming every stranger worker and how to take it out (the rollout does not run
+    beside a worker nobody deployed: it would keep routing clients to it)."""
+    found = strangers(layout, router_unit, listing)
+    if not found:
+        return
+    router = layout["router"]
+    first = found[0][1] or "ID"
+    raise ReplicaPlanError(
+        f"config {layout['config']}: router {router['unit_name']} routes to {', '.join(u for u, _ in found)}, which "
+        f"neither its unit nor this config names (a worker added through its API by someone else); a rollout does "
+        f"not run beside a stranger worker, which would keep answering clients: look at it, take it out on the host "
+        f"(curl -X DELETE -H \"Authorization: Bearer $(sed -n 's/^SGLANG_ROUTER_CONTROL_KEY=//p' {env_file})\" "
+        f"{router['url']}/workers/{first}) and deploy again")
+
+
 def with_live(result, listing):
     """The plan with what the running router lists (``listing``: {url: {"healthy", ...}}, its GET /workers):
     a replica serves when the router lists it healthy (a unit may still list an engine that was stopped), and

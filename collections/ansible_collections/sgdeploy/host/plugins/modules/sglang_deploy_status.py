@@ -8,6 +8,8 @@ short_description: What sgdeploy runs on this host, the lock holder and any inte
 description:
   - Reads the deploy state folder, the lock file and the switch journal; with O(probe), also asks each
     running deploy's C(/health).
+  - Compares each deployed config's installed unit and env file with the digests, modes and owners its deploy
+    recorded (drift); names only files and setting names, never a value.
 options:
   state_dir: {description: The deploy state folder., type: path, default: /var/lib/sglang-deploy}
   lock_path: {description: The lock file., type: path, default: /run/sglang-deploy.lock}
@@ -47,6 +49,8 @@ RETURN = r"""
 deployed:
   description:
     - current.json of each config with active and enabled.
+    - drift lists the config's unit and env file edited by hand since its deploy (their digests, modes and owners
+      against what its commit recorded), one entry per file as "FILE - what differs"; empty when none.
     - With O(probe), also healthy (true when /health answers 200, false when not, null when the unit is not active).
   returned: always
   type: list
@@ -79,7 +83,10 @@ from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_deploy
 from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_deploy_txn as txn  # noqa: E402
 from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_deploy_units as units  # noqa: E402
 from ansible_collections.sgdeploy.host.plugins.module_utils.sglang_deploy_files import read_json  # noqa: E402
-from ansible_collections.sgdeploy.host.plugins.module_utils.sglang_deploy_plan import deployed  # noqa: E402
+from ansible_collections.sgdeploy.host.plugins.module_utils.sglang_deploy_plan import (  # noqa: E402
+    deployed,
+    installed_drift,
+)
 
 PROBE_TIMEOUT_S = 3.0
 
@@ -114,6 +121,8 @@ def main():
                  "previous": {k: v for k, v in previous.items() if not k.endswith("_text")} if previous else None,
                  "previous_has_unit": bool(previous and previous.get("unit_text"))}
     running = deployed(p["state_dir"])
+    for entry in running:
+        entry["drift"] = installed_drift(entry)
     for entry in running if p["probe"] else ():
         entry["healthy"] = probe(entry)
     module.exit_json(changed=False, **extra, deployed=running,

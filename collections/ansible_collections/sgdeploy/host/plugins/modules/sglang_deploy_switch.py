@@ -141,6 +141,100 @@ def _read(path):
         return f.read()
 
 
+def _recover(module, paths, run_id):
+    """Undo another run's unfinished switch (its journal) and remove the staging folders of runs that are gone."""
+    journal = txn.pending(paths)
+    if module.check_mode:
+        found = "" if journal is None or journal.get("run_id") == run_id else txn.describe(journal)
+        module.exit_json(changed=bool(found), found=found, restarted=[], notes=[], removed_runs=[])
+    out = {"found": "", "restarted": [], "notes": []}
+    if journal is not None and journal.get("run_id") != run_id:
+        out = txn.undo(paths)
+    # Under the lock: every other run's staging folder belongs to a run that is gone.
+    out["removed_runs"] = txn.remove_stale_runs(module.params["state_dir"], run_id)
+    module.exit_json(changed=bool(out["found"] or out["removed_runs"]), **out)
+
+
+def _check_mode(module, paths):
+    """Check mode changes nothing; an install shows the unit's diff."""
+    p = module.params
+    if p["action"] == "install" and p["deploy"]:
+        unit_path = paths.unit(p["deploy"]["unit_name"])
+        before = _read(unit_path) if os.path.exists(unit_path) else ""
+        after = p["unit_text"] if p["unit_text"] is not None else _read(p["unit_src"])
+        module.exit_json(changed=before != after, journal={},
+                         diff={"before": before, "after": after, "before_header": unit_path,
+                               "after_header": unit_path})
+    module.exit_json(changed=True, journal={}, found="", restarted=[], notes=[], current={})
+
+
+def _begin(module, paths, run_id):
+    p = module.params
+    journal = txn.begin(paths, run_id, p["deploy"], p["stop_units"], p["disable_units"])
+    module.exit_json(changed=True, journal=journal)
+
+
+def _stop(module, paths, run_id):
+    journal = txn.set_step(paths, run_id, "stopping")
+    for e in journal["units"]:
+        if e["replaced"]:
+            units.systemctl("stop", "--no-block", e["unit"])
+        elif e["unit"] != journal["new_unit"] and e["enabled"]:
+            units.systemctl("disable", e["unit"])
+    module.exit_json(changed=True, journal=journal)
+
+
+def _install_texts(module, paths):
+    """The unit and env file to install: the rendered ones, or those of a previous deploy (from_previous)."""
+    p = module.params
+    if not p["from_previous"]:
+        return _read(p["unit_src"]), _read(p["env_src"])
+    previous = read_json(paths.previous(p["from_previous"])) or {}
+    unit_text = previous.get("unit_text")
+    if unit_text is None:
+        module.fail_json(msg=f"config {p['from_previous']}: {paths.previous(p['from_previous'])} has no "
+                             "unit text to roll back to")
+    # Rendered again on the host from env_public and the inventory's secrets (rollback_one.yml).
+    env_text = _read(p["env_src"]) if p["env_src"] and "env_public" in previous \
+        else previous.get("env_text", "")
+    return unit_text, env_text
+
+
+def _install(module, paths, run_id):
+    unit_text, env_text = _install_texts(module, paths)
+    journal = txn.read_json(paths.journal) or {}
+    unit_path = paths.unit(journal.get("new_unit", ""))
+    before = _read(unit_path) if os.path.exists(unit_path) else ""
+    journal = txn.install(paths, run_id, unit_text, env_text, grp.getgrnam(module.params["env_group"]).gr_gid)
+    module.exit_json(changed=True, journal=journal,
+                     diff={"before": before, "after": unit_text, "before_header": unit_path,
+                           "after_header": unit_path})
+
+
+def _start(module, paths, run_id):
+    module.exit_json(changed=True, journal=txn.start(paths, run_id))
+
+
+def _gating(module, paths, run_id):
+    module.exit_json(changed=False, journal=txn.set_step(paths, run_id, "gating"))
+
+
+def _undo(module, paths, run_id):
+    if txn.pending(paths) is None:
+        module.exit_json(changed=False, found="nothing to undo: no switch had begun", restarted=[],
+                         notes=[])
+    module.exit_json(changed=True, **txn.undo(paths))
+
+
+def _commit(module, paths, run_id):
+    out = txn.commit(paths, run_id, swap_previous=module.params["swap_previous"])
+    module.exit_json(changed=True, **out)
+
+
+# The steps after recover, by action (check mode never reaches them).
+ACTIONS = {"begin": _begin, "stop": _stop, "install": _install, "start": _start, "gating": _gating,
+           "undo": _undo, "commit": _commit}
+
 def main():
     module = AnsibleModule(
         argument_spec=dict(
@@ -168,69 +262,12 @@ def main():
     action, run_id = p["action"], p["run_id"]
     try:
         if action == "recover":
-            journal = txn.pending(paths)
-            if module.check_mode:
-                found = "" if journal is None or journal.get("run_id") == run_id else txn.describe(journal)
-                module.exit_json(changed=bool(found), found=found, restarted=[], notes=[], removed_runs=[])
-            out = {"found": "", "restarted": [], "notes": []}
-            if journal is not None and journal.get("run_id") != run_id:
-                out = txn.undo(paths)
-            # Under the lock: every other run's staging folder belongs to a run that is gone.
-            out["removed_runs"] = txn.remove_stale_runs(p["state_dir"], run_id)
-            module.exit_json(changed=bool(out["found"] or out["removed_runs"]), **out)
-        if module.check_mode and action == "install" and p["deploy"]:
-            unit_path = paths.unit(p["deploy"]["unit_name"])
-            before = _read(unit_path) if os.path.exists(unit_path) else ""
-            after = p["unit_text"] if p["unit_text"] is not None else _read(p["unit_src"])
-            module.exit_json(changed=before != after, journal={},
-                             diff={"before": before, "after": after, "before_header": unit_path,
-                                   "after_header": unit_path})
+            _recover(module, paths, run_id)
         if module.check_mode:
-            module.exit_json(changed=True, journal={}, found="", restarted=[], notes=[], current={})
-        if action == "begin":
-            journal = txn.begin(paths, run_id, p["deploy"], p["stop_units"], p["disable_units"])
-            module.exit_json(changed=True, journal=journal)
-        if action == "stop":
-            journal = txn.set_step(paths, run_id, "stopping")
-            for e in journal["units"]:
-                if e["replaced"]:
-                    units.systemctl("stop", "--no-block", e["unit"])
-                elif e["unit"] != journal["new_unit"] and e["enabled"]:
-                    units.systemctl("disable", e["unit"])
-            module.exit_json(changed=True, journal=journal)
-        if action == "install":
-            if p["from_previous"]:
-                previous = read_json(paths.previous(p["from_previous"])) or {}
-                unit_text = previous.get("unit_text")
-                if unit_text is None:
-                    module.fail_json(msg=f"config {p['from_previous']}: {paths.previous(p['from_previous'])} has no "
-                                         "unit text to roll back to")
-                # Rendered again on the host from env_public and the inventory's secrets (rollback_one.yml).
-                env_text = _read(p["env_src"]) if p["env_src"] and "env_public" in previous \
-                    else previous.get("env_text", "")
-            else:
-                unit_text, env_text = _read(p["unit_src"]), _read(p["env_src"])
-            journal = txn.read_json(paths.journal) or {}
-            unit_path = paths.unit(journal.get("new_unit", ""))
-            before = _read(unit_path) if os.path.exists(unit_path) else ""
-            journal = txn.install(paths, run_id, unit_text, env_text, grp.getgrnam(p["env_group"]).gr_gid)
-            module.exit_json(changed=True, journal=journal,
-                             diff={"before": before, "after": unit_text, "before_header": unit_path,
-                                   "after_header": unit_path})
-        if action == "start":
-            module.exit_json(changed=True, journal=txn.start(paths, run_id))
-        if action == "gating":
-            module.exit_json(changed=False, journal=txn.set_step(paths, run_id, "gating"))
-        if action == "undo":
-            if txn.pending(paths) is None:
-                module.exit_json(changed=False, found="nothing to undo: no switch had begun", restarted=[],
-                                 notes=[])
-            module.exit_json(changed=True, **txn.undo(paths))
-        out = txn.commit(paths, run_id, swap_previous=p["swap_previous"])
-        module.exit_json(changed=True, **out)
+            _check_mode(module, paths)
+        ACTIONS[action](module, paths, run_id)
     except (txn.TxnError, OSError, KeyError) as exc:
         module.fail_json(msg=f"switch step {action}: {exc}")
-
 
 if __name__ == "__main__":
     main()

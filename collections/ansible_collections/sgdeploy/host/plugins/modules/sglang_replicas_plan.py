@@ -14,6 +14,8 @@ description:
   - When the router's unit is installed, waits up to O(router_wait_s) for it to be active and to answer
     C(/health) (e.g. during systemd's restart delay after a crash), and fails when it does not; a rollout
     never takes replicas out of, or puts them into, a router it cannot reach.
+  - Fails when the running router lists a worker that neither its unit nor the layout names (a stranger,
+    added through its API by someone else), naming it and how to take it out; a rollout never runs beside it.
   - Read-only; the same in check mode.
 options:
   layout: {description: "The renderer's layout (sgdeploy render --json): config, bind_address, replicas, router.",
@@ -57,7 +59,7 @@ plan:
   type: dict
 router:
   description: "{unit, installed, active, state, waited_s}: the router's unit as found (after the wait)."
-  returned: success
+  returned: success, and with a refusal because of the router (then without plan)
   type: dict
 """
 
@@ -76,6 +78,7 @@ from ansible_collections.sgdeploy.host.plugins.module_utils.sglang_deploy_plan i
 from ansible_collections.sgdeploy.host.plugins.module_utils.sglang_replica_plan import (  # noqa: E402
     ReplicaPlanError,
     plan,
+    refuse_strangers,
     with_live,
 )
 
@@ -116,6 +119,8 @@ def main():
         result = plan(layout, p["gpu_count"], deployed(p["state_dir"]), units.listeners(), router_unit, replaces)
     except (ReplicaPlanError, ConflictError) as exc:
         module.fail_json(msg=str(exc))
+    # A refusal returns no plan: the role registers this module with failed_when: false (which sets failed to
+    # false) and refuses the rollout when the result has no plan.
     state = {"unit": router["unit_name"] if router else None, "installed": router_unit is not None,
              "active": False, "state": "none", "waited_s": 0}
     if router_unit is not None:
@@ -126,12 +131,17 @@ def main():
                     f"{router['url']}/health after {state['waited_s']} s (allowed: a running router, or none "
                     f"installed yet); a rollout never skips taking replicas out of it: start it (systemctl "
                     f"reset-failed {router['unit_name']}; systemctl start {router['unit_name']}) and deploy again",
-                plan=result, router=state)
+                router=state)
         try:
-            result = with_live(result, api.workers(router["url"]))
+            listing = api.workers(router["url"])
         except api.RouterError as exc:
             module.fail_json(msg=f"router {router['unit_name']}: {exc}; a rollout never skips taking replicas out of "
-                                 "it", plan=result, router=state)
+                                 "it", router=state)
+        try:
+            refuse_strangers(layout, router_unit, listing, api.env_file(router["port"]))
+        except ReplicaPlanError as exc:
+            module.fail_json(msg=str(exc), router=state)
+        result = with_live(result, listing)
     module.exit_json(changed=False, plan=result, router=state)
 
 
