@@ -14,7 +14,7 @@ from pathlib import Path
 
 import yaml
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 BIN = Path(sys.executable).parent
 LAB_X2 = REPO / "tests" / "lab" / "configs" / "lab-scale-x2.yml"
 
