@@ -1,6 +1,6 @@
 """Every Ansible module of the project documents itself as Ansible expects, and says what it really takes.
 
-For each module (the collection's ``plugins/modules`` and the roles' ``library``): DOCUMENTATION,
+For each module (all live in the collection's ``plugins/modules``; no role has a ``library``): DOCUMENTATION,
 EXAMPLES and RETURN exist and are YAML; DOCUMENTATION's options are the module's argument_spec (name,
 type, required, default, choices, elements; the spec is captured by running ``main()`` with AnsibleModule
 replaced); every EXAMPLES task calls a module by its fully qualified name; ``ansible-doc`` renders every
@@ -27,8 +27,7 @@ COLLECTION = COLLECTIONS / "ansible_collections" / "sgdeploy" / "host"
 sys.path.insert(0, str(COLLECTIONS))
 
 COLLECTION_MODULES = sorted((COLLECTION / "plugins" / "modules").glob("*.py"))
-ROLE_MODULES = sorted((REPO / "roles").glob("*/library/*.py"))
-MODULES = COLLECTION_MODULES + ROLE_MODULES
+MODULES = COLLECTION_MODULES
 IDS = [p.stem for p in MODULES]
 BIN = Path(sys.executable).parent
 
@@ -40,8 +39,8 @@ SUPPORT = {"full", "partial", "none", "N/A"}
 
 
 def fqcn(path: Path) -> str:
-    """The name a task calls the module by: sgdeploy.host.<name>, or ansible.legacy.<name> for a role's library."""
-    return f"sgdeploy.host.{path.stem}" if path in COLLECTION_MODULES else f"ansible.legacy.{path.stem}"
+    """The name a task calls the module by: sgdeploy.host.<name>."""
+    return f"sgdeploy.host.{path.stem}"
 
 
 def doc_strings(path: Path) -> dict[str, str]:
@@ -86,6 +85,12 @@ def argument_spec(path: Path) -> dict:
     with pytest.raises(_Captured):
         mod.main()
     return seen
+
+
+def test_every_module_lives_in_the_collection():
+    """One home for what Ansible runs: no role carries its own modules (a role's ``library/``)."""
+    stray = sorted(p.relative_to(REPO).as_posix() for p in (REPO / "roles").glob("*/library/*"))
+    assert not stray, f"modules in a role's library/ (their home is the collection's plugins/modules): {stray}"
 
 
 @pytest.mark.parametrize("path", MODULES, ids=IDS)
@@ -150,19 +155,14 @@ def test_examples_call_the_module_by_its_fully_qualified_name(path):
 
 @pytest.fixture(scope="module")
 def rendered():
-    """`ansible-doc --json` of every module (the collection's and the roles'), as a user would read them."""
+    """`ansible-doc --json` of every module, as a user would read them."""
     env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_COLLECTIONS_PATH=str(COLLECTIONS),
                ANSIBLE_NOCOLOR="1")
-    out = {}
-    roles = [["-M", str(p.parent)] for p in ROLE_MODULES]
-    for names, extra in (([fqcn(p) for p in COLLECTION_MODULES], []),
-                         ([p.stem for p in ROLE_MODULES], [a for pair in roles for a in pair])):
-        proc = subprocess.run([str(BIN / "ansible-doc"), "--json", "-t", "module", *extra, *names], cwd=REPO, env=env,
-                              capture_output=True, text=True, check=False, timeout=300)
-        assert proc.returncode == 0 and "ERROR" not in proc.stderr, proc.stderr
-        assert "WARNING" not in proc.stderr, proc.stderr
-        for name, value in json.loads(proc.stdout).items():
-            out[name if "." in name else f"ansible.legacy.{name}"] = value
+    proc = subprocess.run([str(BIN / "ansible-doc"), "--json", "-t", "module", *(fqcn(p) for p in MODULES)], cwd=REPO,
+                          env=env, capture_output=True, text=True, check=False, timeout=300)
+    assert proc.returncode == 0 and "ERROR" not in proc.stderr, proc.stderr
+    assert "WARNING" not in proc.stderr, proc.stderr
+    out = json.loads(proc.stdout)
     assert sorted(out) == sorted(fqcn(p) for p in MODULES)
     return out
 

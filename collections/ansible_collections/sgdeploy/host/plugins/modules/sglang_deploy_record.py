@@ -23,7 +23,10 @@ options:
   unit_digest: {description: Digest of the unit and env text., type: str}
   report_path: {description: Gate report on the host (its gates and bench are copied)., type: path}
   rollback: {description: What the rollback did., type: dict}
-  message: {description: One line for people., type: str, default: ""}
+  summary_line:
+    description: One line for people, kept as the record's C(message).
+    type: str
+    default: ""
 author: sgdeploy contributors (@sgdeploy)
 extends_documentation_fragment:
   - sgdeploy.host.attributes
@@ -49,7 +52,7 @@ EXAMPLES = r"""
     started: "2026-12-03T14:10:00Z"
     unit_digest: "{{ deploy.digest }}"
     report_path: /var/lib/sglang-deploy/ddtree-b15/staged/gates.json
-    message: ddtree-b15 deployed on gpu1 (release 59d01d1e39ee); gates passed
+    summary_line: ddtree-b15 deployed on gpu1 (release 59d01d1e39ee); gates passed
   register: record
   changed_when: false
 
@@ -62,7 +65,7 @@ EXAMPLES = r"""
     outcome: failed
     started: "2026-12-03T14:10:00Z"
     rollback: {manual: true, restored: [], restored_healthy: false}
-    message: manual rollback failed; what ran before was restored
+    summary_line: manual rollback failed; what ran before was restored
 """
 
 RETURN = r"""
@@ -87,7 +90,7 @@ def main():
             patches=dict(type="list", elements="str", default=[]),
             features=dict(type="list", elements="str", default=[]),
             unit_digest=dict(type="str"), report_path=dict(type="path"), rollback=dict(type="dict"),
-            message=dict(type="str", default=""),
+            summary_line=dict(type="str", default=""),
         ),
         supports_check_mode=True,
     )
@@ -97,7 +100,7 @@ def main():
         record = records.build_record(config=p["config"], host=p["host"], release=p["release"], outcome=p["outcome"],
                                       started=p["started"], patches=p["patches"], features=p["features"],
                                       unit_digest=p["unit_digest"], report=report, rollback=p["rollback"],
-                                      message=p["message"])
+                                      message=p["summary_line"])
     except records.RecordError as exc:
         module.fail_json(msg=f"deploy record: {exc}")
     if module.check_mode:

@@ -1,4 +1,5 @@
-#!/usr/bin/python3
+#!/usr/bin/python
+# Copyright: sgdeploy contributors. Apache-2.0
 """Read-only facts the NVIDIA preflight judges; changes nothing on the host."""
 
 from __future__ import annotations
@@ -36,9 +37,8 @@ extends_documentation_fragment:
 """
 
 EXAMPLES = r"""
-# A module of the role nvidia_preflight (roles/nvidia_preflight/library): its tasks call it; ansible.legacy is its fully qualified name.
 - name: Read the host's distribution, Secure Boot state, PCI devices and free disk
-  ansible.legacy.nvidia_preflight_facts:
+  sgdeploy.host.nvidia_preflight_facts:
     mok_key: /var/lib/dkms/mok.pub
     disk_path: /var/lib/sglang
   register: preflight

@@ -1,4 +1,5 @@
 #!/usr/bin/python
+# Copyright: sgdeploy contributors. Apache-2.0
 """Ansible module: install a patched SGLang wheel into a release directory's virtualenv."""
 
 from __future__ import annotations
@@ -46,9 +47,8 @@ attributes:
 """
 
 EXAMPLES = r"""
-# A module of the role sglang_release (roles/sglang_release/library): its tasks call it; ansible.legacy is its fully qualified name.
 - name: Install the release virtualenv
-  ansible.legacy.sglang_release_install:
+  sgdeploy.host.sglang_release_install:
     release_dir: /opt/sglang/releases/59d01d1e39ee
     wheel: /opt/sglang/releases/59d01d1e39ee/sglang-0.5.23+59d01d1e39ee-cp312-cp312-linux_x86_64.whl
     label: 59d01d1e39ee
@@ -71,12 +71,12 @@ installer: {description: The installer used (or that would be used)., type: str,
 """
 
 import datetime
-import json
 import os
 import shutil
 import subprocess
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.sgdeploy.host.plugins.module_utils.sglang_deploy_files import read_json, write_json
 
 VERSION_PROBE = "import importlib.metadata as m; print(m.version('sglang'))"
 PY_PROBE = "import sys; print('%d.%d.%d' % sys.version_info[:3])"
@@ -96,14 +96,6 @@ def run(module, cmd, what):
         lines = [ln for ln in (proc.stderr + proc.stdout).splitlines() if ln.strip()]
         return None, f"{what} failed (exit {proc.returncode}): {' | '.join(lines[-5:])}"
     return proc.stdout.strip(), None
-
-
-def read_json(path):
-    try:
-        with open(path, encoding="utf-8") as fh:
-            return json.load(fh)
-    except (OSError, ValueError):
-        return None
 
 
 def main():
@@ -235,12 +227,7 @@ def main():
         "installer": installer,
         "created": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
     }
-    tmp = record_path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(release, fh, indent=2, sort_keys=True)
-        fh.write("\n")
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, record_path)
+    write_json(record_path, release)  # release.json last, written crash-safely
     module.exit_json(changed=True, release=release, installer=installer)
 
 

@@ -1,4 +1,5 @@
-#!/usr/bin/python3
+#!/usr/bin/python
+# Copyright: sgdeploy contributors. Apache-2.0
 """Hold (dpkg --set-selections) every installed package whose name matches the patterns."""
 
 from __future__ import annotations
@@ -37,9 +38,8 @@ attributes:
 """
 
 EXAMPLES = r"""
-# A module of the role nvidia_package_hold (roles/nvidia_package_hold/library): its tasks call it; ansible.legacy is its fully qualified name.
 - name: Hold the installed NVIDIA driver and CUDA packages
-  ansible.legacy.nvidia_package_hold:
+  sgdeploy.host.nvidia_package_hold:
     patterns: ["^nvidia-", "^libnvidia-", "^cuda-"]
     exclude: ["^cuda-keyring$", "^nvidia-container-"]
   register: held

@@ -1,4 +1,5 @@
-#!/usr/bin/python3
+#!/usr/bin/python
+# Copyright: sgdeploy contributors. Apache-2.0
 """The NVIDIA kernel module installed for the running kernel versus the one loaded; read-only."""
 
 from __future__ import annotations
@@ -30,9 +31,8 @@ extends_documentation_fragment:
 """
 
 EXAMPLES = r"""
-# A module of the role nvidia_driver (roles/nvidia_driver/library): its tasks call it; ansible.legacy is its fully qualified name.
 - name: Read the installed and the loaded kernel module
-  ansible.legacy.nvidia_module_state:
+  sgdeploy.host.nvidia_module_state:
     loaded_version_file: /sys/module/nvidia/version
     pending_marker: /run/nvidia-driver-reboot-pending
   register: driver_module

@@ -1,4 +1,5 @@
-#!/usr/bin/python3
+#!/usr/bin/python
+# Copyright: sgdeploy contributors. Apache-2.0
 """What the NVIDIA verification judges: module flavour, loaded driver, GPUs, nvcc. Read-only."""
 
 from __future__ import annotations
@@ -35,9 +36,8 @@ extends_documentation_fragment:
 """
 
 EXAMPLES = r"""
-# A module of the role nvidia_verify (roles/nvidia_verify/library): its tasks call it; ansible.legacy is its fully qualified name.
 - name: Read the module flavour, the loaded driver, the GPUs and nvcc
-  ansible.legacy.nvidia_verify_facts:
+  sgdeploy.host.nvidia_verify_facts:
     loaded_version_file: /sys/module/nvidia/version
     pending_marker: /run/nvidia-driver-reboot-pending
     cuda_home: /usr/local/cuda-13.0

@@ -1,4 +1,5 @@
 #!/usr/bin/python
+# Copyright: sgdeploy contributors. Apache-2.0
 """Ansible module: remove old SGLang releases, keeping the newest and every one a config still uses."""
 
 from __future__ import annotations
@@ -37,9 +38,8 @@ attributes:
 """
 
 EXAMPLES = r"""
-# A module of the role sglang_release (roles/sglang_release/library): its tasks call it; ansible.legacy is its fully qualified name.
 - name: Prune old releases (never a config's current or previous one)
-  ansible.legacy.sglang_release_prune:
+  sgdeploy.host.sglang_release_prune:
     root: /opt/sglang/releases
     keep: 3
     state_dir: /var/lib/sglang-deploy
@@ -59,6 +59,7 @@ import os
 import shutil
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.sgdeploy.host.plugins.module_utils.sglang_deploy_records import read_json
 
 STATE_FILES = ("current.json", "previous.json", os.path.join("previous", "current.json"))
 
@@ -82,10 +83,9 @@ def in_use(module, state_dir):
             if not os.path.isfile(path):
                 continue
             try:
-                with open(path, encoding="utf-8") as fh:
-                    doc = json.load(fh)
-            except (OSError, ValueError) as exc:
-                module.fail_json(msg=f"cannot read deploy state {path}: {exc}; not pruning releases")
+                doc = read_json(path, f"deploy state {path}")
+            except ValueError as exc:
+                module.fail_json(msg=f"{exc}; not pruning releases")
             release = doc.get("release") if isinstance(doc, dict) else None
             if isinstance(release, dict):
                 release = release.get("label")

@@ -1,4 +1,5 @@
-#!/usr/bin/python3
+#!/usr/bin/python
+# Copyright: sgdeploy contributors. Apache-2.0
 """Download an apt repository's public signing key and check its fingerprint; read-only."""
 
 from __future__ import annotations
@@ -42,9 +43,8 @@ extends_documentation_fragment:
 """
 
 EXAMPLES = r"""
-# A module of the role nvidia_apt_repo (roles/nvidia_apt_repo/library): its tasks call it; ansible.legacy is its fully qualified name.
 - name: Download the repository key and verify its fingerprint (changes nothing)
-  ansible.legacy.nvidia_apt_key_verify:
+  sgdeploy.host.nvidia_apt_key_verify:
     url: https://developer.download.nvidia.com/compute/cuda/repos/ubuntu2404/x86_64/3bf863cc.pub
     fingerprint: EB693B3035CD5710E231E123A4B469963BF863CC
     fingerprint_variable: nvidia_apt_repo_key_fingerprint
