@@ -5,6 +5,7 @@ One lab host, config ddtree-b15 as replicas behind the real sglang-router 0.3.2 
 
 - a rollout whose second replica asks for a GPU the host does not have, and one whose new third replica's
   NCCL port is held by a stray process, are refused with one line before replica 0 changes;
+- 2 -> 3 replicas whose third never gets healthy: the rollout stops at it and the router lists the first two only;
 - 2 -> 3 replicas and back 3 -> 2 under a bounded client load through the router: the third replica joins
   through the router's API; on the way down it leaves the router, is stopped, disabled and its unit and env
   file removed; the router never restarts (it did when its metrics port moved with N: CI saw 8 of 1 248
@@ -30,6 +31,7 @@ RESULTS = REPO / "build" / "lab-replica-changes-results.json"
 HOST = "lab1"
 ROUTER_PORT = 31500
 ROUTER_UNIT = f"sglang-router-{ROUTER_PORT}.service"
+SICK_DROP_IN = "/etc/systemd/system/sglang-lab-scale-x3-r2.service.d"
 
 
 def _cfg(name: str) -> str:
@@ -125,6 +127,24 @@ def test_scale_up_and_down_under_load_with_no_failed_request(lab):
     phases = {}
     with Load([router], {router: _router_key31500(lab)}) as load:
         time.sleep(5)
+        # Found (issue 34): a scale up whose third replica failed after the first two switched had the rescue put
+        # that replica's URL (then the router's metrics port) into the router. The new replica never gets
+        # healthy here (a drop-in on the host): the rollout stops at it and the router lists replicas 0 and 1 only.
+        t = load.now()
+        lab.ssh(HOST, f"mkdir -p {SICK_DROP_IN} && printf '[Service]\\nEnvironment=SGLANG_SIM_NEVER_HEALTHY=1\\n' "
+                      f"> {SICK_DROP_IN}/lab-never-healthy.conf && systemctl daemon-reload")
+        try:
+            sick = _deploy(lab, "x3", check=False)
+        finally:
+            lab.ssh(HOST, f"rm -rf {SICK_DROP_IN} && systemctl daemon-reload", check=False)
+        phases["up_2_to_3_third_never_healthy"] = load.window(t, load.now())
+        assert sick.returncode != 0, sick.stdout[-3000:]
+        assert f"ROLLOUT STOPPED on {HOST} at lab-scale-x3-r2: " in sick.stdout, sick.stdout[-3000:]
+        assert "(it was not in the router: nothing put back)" in sick.stdout, sick.stdout[-3000:]
+        assert "ROLLED OUT" not in sick.stdout, sick.stdout[-3000:]
+        assert _listed(lab) == _urls(lab, 2)
+        assert _holder(lab, 31505) == ""
+
         t = load.now()
         up = _deploy(lab, "x3", check=False)
         phases["up_2_to_3"] = load.window(t, load.now())
