@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -124,7 +125,11 @@ def a_signal_is_rolled_back_by_the_next_deploy(lab, sig: int, step: str, config:
     status = lab.ansible_playbook("playbooks/status.yml", "--limit", "lab1", check=False)
     assert f"INTERRUPTED: found an interrupted switch to {config} (run " in status.stdout, output_of(status)[-3000:]
     assert f"step {step} since" in status.stdout, output_of(status)[-3000:]
+    run_id = re.search(rf"interrupted switch to {re.escape(config)} \(run ([^ ,;)]+)", status.stdout).group(1)
     out = recovering_deploy(lab, config)
+    # Issue 34: the run that recovers removes what the interrupted run staged (runs/<id>/, its env file included).
+    assert lab.ssh("lab1", f"test -e {STATE}/runs/{run_id}", check=False).returncode != 0, \
+        lab.ssh("lab1", f"ls -la {STATE}/runs", check=False).stdout
     assert "took over the deploy lock" in out and "its controller process is gone" in out, out[-4000:]
     record = newest_record(lab, config)
     assert record["outcome"] == "rolled_back" and record["rollback"]["interrupted_step"] == step, (
