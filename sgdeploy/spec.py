@@ -340,11 +340,17 @@ def _fmt(value: Any) -> str:
 # Loading and merging
 
 
+def is_path(name_or_path: str | Path) -> bool:
+    """Whether a config argument is the path of a file (ends in .yml/.yaml or holds a '/'), not a name."""
+    text = str(name_or_path)
+    return text.endswith((".yml", ".yaml")) or "/" in text
+
+
 def resolve(name_or_path: str | Path, config_dir: Path = CONFIG_DIR) -> Path:
     """A config name (`ddtree-b15`) or a path to a YAML file → the file's path."""
     text = str(name_or_path)
     candidate = Path(text)
-    if text.endswith((".yml", ".yaml")) or "/" in text:
+    if is_path(text):
         if not candidate.is_file():
             raise ConfigError([f"{text}: no such config file"])
         return candidate.resolve()

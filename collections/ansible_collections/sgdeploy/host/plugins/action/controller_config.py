@@ -32,13 +32,6 @@ ARGUMENT_SPEC = {
 }
 
 
-def _config_path(config: str, chdir: str) -> str:
-    """A config name stays a name; a relative path is taken from ``chdir``, as ``sgdeploy`` run there would."""
-    if (config.endswith((".yml", ".yaml")) or "/" in config) and not config.startswith("/"):
-        return str(Path(chdir) / config)
-    return config
-
-
 class ActionModule(ActionBase):
     TRANSFERS_FILES = False
     _requires_connection = False
@@ -58,7 +51,9 @@ class ActionModule(ActionBase):
                                            "from the project's virtualenv (make setup, then make deploy)")
             return result
         try:
-            config = spec.load(_config_path(args["config"], args["chdir"]))
+            # A relative path is taken from chdir, as `sgdeploy` run there would take it; a name stays a name.
+            name = args["config"]
+            config = spec.load(str(Path(args["chdir"]) / name) if spec.is_path(name) else name)
             result["config"] = controller.merged(config)
             result["name"] = config.name
             wanted = args.get("render")

@@ -26,6 +26,7 @@ from __future__ import annotations
 import re
 
 from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_deploy_conflicts as conflicts_mod
+from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_router_api as router_api
 
 
 class ReplicaPlanError(Exception):
@@ -149,9 +150,8 @@ def plan(layout, gpu_count, deployed, sockets, router_unit=None, replaces=()):
 def strangers(layout, router_unit, listing):
     """Workers the running router lists (``listing``: its GET /workers) that neither its unit nor the layout
     names: added through its API by someone else. [(url, id)], sorted."""
-    known = {u.rstrip("/") for u in (router_unit or {}).get("workers", [])}
-    known |= {r["url"].rstrip("/") for r in layout["replicas"]}
-    return sorted((url, w.get("id")) for url, w in listing.items() if url.rstrip("/") not in known)
+    known = list((router_unit or {}).get("workers", [])) + [r["url"] for r in layout["replicas"]]
+    return [(url, listing[url].get("id")) for url in router_api.compare(listing, known)[0]]
 
 
 def refuse_strangers(layout, router_unit, listing, env_file):
