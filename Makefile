@@ -233,7 +233,7 @@ lab-status: $(STAMP) ## List the lab hosts
 lint: $(STAMP) ## ruff, yamllint, ansible-lint (production profile)
 	$(VENV)/bin/ruff check sgdeploy tests patches/sglang/src collections
 	$(VENV)/bin/yamllint -s .
-	$(VENV)/bin/ansible-lint --offline -q --profile production playbooks roles
+	$(VENV)/bin/ansible-lint --offline -q --profile production playbooks collections/ansible_collections/sgdeploy/host/roles
 
 test-unit: $(STAMP) ## CPU tests (no lab), without the slow ones (under 2 minutes)
 	$(PY) -m pytest -p no:cacheprovider -q -m "not slow" tests/unit

@@ -25,8 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "collections"))
 from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_router_api as api  # noqa: E402
 from ansible_collections.sgdeploy.host.plugins.module_utils.sglang_router_api import parse_router_unit  # noqa: E402
 
-DEFAULTS = yaml.safe_load((Path(__file__).resolve().parents[2] / "roles" / "sglang_router" / "defaults" /
-                           "main.yml").read_text())
+ROLE = Path(__file__).resolve().parents[2] / "collections/ansible_collections/sgdeploy/host/roles/sglang_router"
+DEFAULTS = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())
 
 
 @pytest.fixture

@@ -123,7 +123,7 @@ def run_role(lab, tmp_path, config: str, *args: str, models: list[dict] | None =
     """Only the sglang_models role, for the models of `config` (as the deploy would pass them)."""
     items = models if models is not None else role_models(tmp_path, config)
     play = [{"name": "models only", "hosts": HOST, "gather_facts": False, "vars": play_vars or {},
-             "roles": [{"role": "sglang_models", "sglang_models_list": items, **role_vars}]}]
+             "roles": [{"role": "sgdeploy.host.sglang_models", "sglang_models_list": items, **role_vars}]}]
     playbook = tmp_path / "models-only.yml"
     playbook.write_text(json.dumps(play))
     if token:

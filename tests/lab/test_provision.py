@@ -90,7 +90,7 @@ def boot_id(lab, host: str) -> str:
 def plab(lab):
     """The lab with the stand-in repository built and every host reset to fresh."""
     if not (REPO / "ansible.cfg").exists():
-        lab.env.setdefault("ANSIBLE_ROLES_PATH", str(REPO / "roles"))
+        lab.env.setdefault("ANSIBLE_COLLECTIONS_PATH", str(REPO / "collections"))
     standin_apt.build(lab.config.apt_dir)
     LAB_VARS.update(standin_apt.role_vars(standin_apt.fingerprint_of(lab.config.apt_dir)))
     for host in lab.hosts:

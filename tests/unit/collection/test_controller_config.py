@@ -15,6 +15,8 @@ from pathlib import Path
 import yaml
 
 REPO = Path(__file__).resolve().parents[3]
+ROLES_DIR = "collections/ansible_collections/sgdeploy/host/roles"
+ROLES = REPO / ROLES_DIR
 BIN = Path(sys.executable).parent
 LAB_X2 = REPO / "tests" / "lab" / "configs" / "lab-scale-x2.yml"
 
@@ -76,6 +78,6 @@ def test_a_bad_replica_index_and_models_root_fail_with_one_line(tmp_path):
 
 def test_no_play_or_role_runs_sgdeploy_render_or_config_in_a_subprocess():
     pattern = re.compile(r"-m['\"]?,?\s*['\"]?sgdeploy['\"]?,?\s*['\"]?(render|config)\b")
-    hits = [f"{p.relative_to(REPO)}:{n}" for folder in ("playbooks", "roles") for p in (REPO / folder).rglob("*.yml")
+    hits = [f"{p.relative_to(REPO)}:{n}" for folder in ("playbooks", ROLES_DIR) for p in (REPO / folder).rglob("*.yml")
             for n, line in enumerate(p.read_text().splitlines(), 1) if pattern.search(line)]
     assert hits == []

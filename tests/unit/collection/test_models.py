@@ -23,9 +23,11 @@ import yaml
 from sgdeploy import models, render, spec
 
 REPO = Path(__file__).resolve().parents[3]
+ROLES_DIR = "collections/ansible_collections/sgdeploy/host/roles"
+ROLES = REPO / ROLES_DIR
 COLLECTIONS = REPO / "collections"
 COLLECTION = COLLECTIONS / "ansible_collections" / "sgdeploy" / "host"
-ROLE = REPO / "roles" / "sglang_models"
+ROLE = ROLES / "sglang_models"
 sys.path.insert(0, str(REPO / "tests" / "lab"))
 import hub_standin  # noqa: E402
 from ansible_collections.sgdeploy.host.plugins.module_utils import (  # noqa: E402

@@ -22,6 +22,8 @@ import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[3]
+ROLES_DIR = "collections/ansible_collections/sgdeploy/host/roles"
+ROLES = REPO / ROLES_DIR
 COLLECTIONS = REPO / "collections"
 COLLECTION = COLLECTIONS / "ansible_collections" / "sgdeploy" / "host"
 sys.path.insert(0, str(COLLECTIONS))
@@ -89,7 +91,7 @@ def argument_spec(path: Path) -> dict:
 
 def test_every_module_lives_in_the_collection():
     """One home for what Ansible runs: no role carries its own modules (a role's ``library/``)."""
-    stray = sorted(p.relative_to(REPO).as_posix() for p in (REPO / "roles").glob("*/library/*"))
+    stray = sorted(p.relative_to(REPO).as_posix() for p in ROLES.glob("*/library/*"))
     assert not stray, f"modules in a role's library/ (their home is the collection's plugins/modules): {stray}"
 
 

@@ -17,6 +17,8 @@ import yaml
 from sgdeploy import render, spec
 
 REPO = Path(__file__).resolve().parents[3]
+ROLES_DIR = "collections/ansible_collections/sgdeploy/host/roles"
+ROLES = REPO / ROLES_DIR
 sys.path.insert(0, str(REPO / "collections"))
 from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_router_api as api  # noqa: E402
 
@@ -132,7 +134,7 @@ def test_the_lab_replica_configs_share_one_layout():
 
 
 def test_the_router_role_pins_version_and_sha256_of_one_abi3_wheel():
-    d = yaml.safe_load((REPO / "roles" / "sglang_router" / "defaults" / "main.yml").read_text())
+    d = yaml.safe_load((ROLES / "sglang_router" / "defaults" / "main.yml").read_text())
     assert d["sglang_router_wheel"].startswith(f"sglang_router-{d['sglang_router_version']}-cp38-abi3-manylinux")
     assert len(d["sglang_router_wheel_sha256"]) == 64 and int(d["sglang_router_wheel_sha256"], 16) >= 0
     assert d["sglang_router_bind_address"] == "127.0.0.1"
@@ -226,7 +228,7 @@ def test_a_router_that_does_not_answer_is_one_line():
 def test_the_router_unit_the_role_renders_is_hardened_and_parsed_back_by_status_and_testinfra():
     import jinja2
 
-    role = REPO / "roles" / "sglang_router"
+    role = ROLES / "sglang_router"
     values = yaml.safe_load((role / "defaults" / "main.yml").read_text())
     values.update(sglang_router_config="two", sglang_router_bind_address="127.0.9.1", sglang_router_port=31100,
                   sglang_router_metrics_port=31105, sglang_router__address="127.0.9.1",
@@ -303,6 +305,6 @@ def test_a_stranger_is_told_apart_from_the_units_engines():
 
 
 def test_the_router_launcher_refuses_keys_on_the_command_line_and_needs_its_control_key():
-    text = (REPO / "roles" / "sglang_router" / "files" / "sglang_router_launch.py").read_text()
+    text = (ROLES / "sglang_router" / "files" / "sglang_router_launch.py").read_text()
     assert 'os.environ.pop("SGLANG_ROUTER_CONTROL_KEY", "")' in text
     assert "args.control_plane_api_keys = [(" in text and "keys come from the environment file, never argv" in text

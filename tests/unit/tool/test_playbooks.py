@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[3]
+ROLES_DIR = "collections/ansible_collections/sgdeploy/host/roles"
+ROLES = REPO / ROLES_DIR
 PLAYBOOKS = sorted((REPO / "playbooks").glob("*.yml"))
 ANSIBLE_PLAYBOOK = Path(sys.executable).parent / "ansible-playbook"
 
@@ -41,7 +43,7 @@ def test_syntax_check_catches_a_broken_playbook(tmp_path):
         broken.unlink()
 
 
-ANSIBLE_FILES = sorted(p for top in ("playbooks", "roles") for p in (REPO / top).rglob("*.yml"))
+ANSIBLE_FILES = sorted(p for top in ("playbooks", ROLES_DIR) for p in (REPO / top).rglob("*.yml"))
 
 
 @pytest.mark.parametrize("path", ANSIBLE_FILES, ids=[str(p.relative_to(REPO)) for p in ANSIBLE_FILES])
@@ -82,7 +84,7 @@ def test_no_task_copies_the_sgdeploy_package_to_a_host():
                         or "/sgdeploy" in str(args.get("dest", ""))):
                     copies.append(f"{path.relative_to(REPO)}: {task.get('name')}")
     assert copies == []
-    gate = yaml.safe_load((REPO / "roles" / "sglang_deploy" / "tasks" / "gate.yml").read_text())
+    gate = yaml.safe_load((ROLES / "sglang_deploy" / "tasks" / "gate.yml").read_text())
     assert any("sgdeploy.host.sglang_gate" in t for t in _tasks(gate))
 
 
@@ -90,7 +92,7 @@ def test_the_gate_wait_answers_within_5_s_of_the_gates_ending():
     """Issue 33 item 5: a fixed 25 s poll made a 1 s smoke gate cost 25 s per host."""
     import yaml as _yaml
 
-    tasks = _yaml.safe_load((Path(__file__).resolve().parents[3] / "roles/sglang_deploy/tasks/gate.yml").read_text())
+    tasks = _yaml.safe_load((ROLES / "sglang_deploy/tasks/gate.yml").read_text())
     wait = next(t for t in tasks if t["name"].startswith("Wait for the gates"))
     assert int(wait["delay"]) <= 5
     assert "// 5)" in str(wait["retries"])  # the retries still cover the whole lease
