@@ -82,6 +82,22 @@ VERSION_PROBE = "import importlib.metadata as m; print(m.version('sglang'))"
 PY_PROBE = "import sys; print('%d.%d.%d' % sys.version_info[:3])"
 
 
+ARGUMENT_SPEC = dict(
+    release_dir=dict(type="path", required=True),
+    wheel=dict(type="path", required=True),
+    label=dict(type="str", required=True),
+    wheel_sha256=dict(type="str", default=""),
+    patches=dict(type="list", elements="str", default=[]),
+    features=dict(type="list", elements="str", default=[]),
+    python=dict(type="path", default="/usr/bin/python3"),
+    install_deps=dict(type="bool", default=True),
+    index_url=dict(type="str", default=""),
+    extra_index_urls=dict(type="list", elements="str", default=[]),
+    installer=dict(type="str", default="auto", choices=["auto", "uv", "pip"]),
+)
+UV_PATHS = ("/usr/local/bin/uv", "/usr/bin/uv")
+
+
 def wheel_version(path):
     """(version, python tag) from a wheel file name: sglang-0.5.23+x-cp311-cp311-plat.whl."""
     parts = os.path.basename(path)[: -len(".whl")].split("-")
@@ -90,7 +106,8 @@ def wheel_version(path):
     return parts[1], parts[2]
 
 
-def run(module, cmd, what):
+def run(cmd, what):
+    """(stdout, None) or (None, why it failed: the exit code and the last lines of its output)."""
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         lines = [ln for ln in (proc.stderr + proc.stdout).splitlines() if ln.strip()]
@@ -98,137 +115,126 @@ def run(module, cmd, what):
     return proc.stdout.strip(), None
 
 
-def main():
-    module = AnsibleModule(
-        argument_spec=dict(
-            release_dir=dict(type="path", required=True),
-            wheel=dict(type="path", required=True),
-            label=dict(type="str", required=True),
-            wheel_sha256=dict(type="str", default=""),
-            patches=dict(type="list", elements="str", default=[]),
-            features=dict(type="list", elements="str", default=[]),
-            python=dict(type="path", default="/usr/bin/python3"),
-            install_deps=dict(type="bool", default=True),
-            index_url=dict(type="str", default=""),
-            extra_index_urls=dict(type="list", elements="str", default=[]),
-            installer=dict(type="str", default="auto", choices=["auto", "uv", "pip"]),
-        ),
-        supports_check_mode=True,
-    )
-    p = module.params
-    os.umask(0o022)  # the service user must be able to read the release
-    release_dir, wheel = p["release_dir"], p["wheel"]
-    venv = os.path.join(release_dir, "venv")
-    venv_python = os.path.join(venv, "bin", "python")
-    record_path = os.path.join(release_dir, "release.json")
+class ReleaseInstall:
+    """One release directory: check the wheel, see whether it is installed already, install it, record it."""
 
-    if not os.path.isfile(wheel):
-        module.fail_json(msg=f"wheel {wheel} not found on the host")
-    version, pytag = wheel_version(wheel)
-    if version is None or not version.endswith(f"+{p['label']}"):
-        module.fail_json(
-            msg=f"wheel {os.path.basename(wheel)} does not carry label {p['label']!r} "
-            "(expected sglang-<version>+<label>-<tags>.whl)"
-        )
-    uv = shutil.which("uv") or next((c for c in ("/usr/local/bin/uv", "/usr/bin/uv") if os.access(c, os.X_OK)), None)
-    if p["installer"] == "uv" and not uv:
-        module.fail_json(msg="installer=uv but uv is not on the host (allowed: auto, uv, pip)")
-    installer = "uv" if uv and p["installer"] != "pip" else "pip"
-    sha = module.sha256(wheel)
-    if p["wheel_sha256"] and sha != p["wheel_sha256"].lower():
-        module.fail_json(msg=f"wheel {wheel} on the host: sha256 {sha} is not {p['wheel_sha256']}, the digest recorded "
-                             "at its build; it changed after the build: nothing was installed")
+    def __init__(self, module):
+        self.module = module
+        self.p = module.params
+        self.release_dir, self.wheel = self.p["release_dir"], self.p["wheel"]
+        self.venv = os.path.join(self.release_dir, "venv")
+        self.venv_python = os.path.join(self.venv, "bin", "python")
+        self.record_path = os.path.join(self.release_dir, "release.json")
+        self.version = self.pytag = self.sha = None
+        self.uv = shutil.which("uv") or next((c for c in UV_PATHS if os.access(c, os.X_OK)), None)
+        self.installer = "uv" if self.uv and self.p["installer"] != "pip" else "pip"
 
-    current = read_json(record_path)
-    if (
-        isinstance(current, dict)
-        and current.get("wheel_sha256") == sha
-        and current.get("label") == p["label"]
-        and os.access(venv_python, os.X_OK)
-    ):
-        got, _ = run(module, [venv_python, "-c", VERSION_PROBE], "version probe")
-        if got == version:
-            module.exit_json(changed=False, release=current, installer=installer)
+    def fail(self, msg, **more):
+        self.module.fail_json(msg=msg, **more)
 
-    host_py, err = run(module, [p["python"], "-c", PY_PROBE], f"{p['python']} -c sys.version_info")
-    if err:
-        module.fail_json(msg=f"sglang_release_python {p['python']}: {err}")
-    want = f"cp{''.join(host_py.split('.')[:2])}"
-    if pytag != want:
-        module.fail_json(
-            msg=f"wheel {os.path.basename(wheel)} is for {pytag} but {p['python']} is Python "
-            f"{host_py}: build the wheel with --python {'.'.join(host_py.split('.')[:2])}"
-        )
-    if module.check_mode:
-        module.exit_json(changed=True, release=current or {}, installer=installer)
+    def check_wheel(self):
+        """The file exists, carries the label, and has the digest recorded at its build."""
+        p, wheel = self.p, self.wheel
+        if not os.path.isfile(wheel):
+            self.fail(f"wheel {wheel} not found on the host")
+        self.version, self.pytag = wheel_version(wheel)
+        if self.version is None or not self.version.endswith(f"+{p['label']}"):
+            self.fail(f"wheel {os.path.basename(wheel)} does not carry label {p['label']!r} "
+                      "(expected sglang-<version>+<label>-<tags>.whl)")
+        if p["installer"] == "uv" and not self.uv:
+            self.fail("installer=uv but uv is not on the host (allowed: auto, uv, pip)")
+        self.sha = self.module.sha256(wheel)
+        if p["wheel_sha256"] and self.sha != p["wheel_sha256"].lower():
+            self.fail(f"wheel {wheel} on the host: sha256 {self.sha} is not {p['wheel_sha256']}, the digest recorded "
+                      "at its build; it changed after the build: nothing was installed")
 
-    for stale in (record_path, venv):
-        if os.path.isdir(stale):
-            shutil.rmtree(stale)
-        elif os.path.exists(stale):
-            os.unlink(stale)
+    def installed(self):
+        """release.json when it names this label and wheel and the venv reports the wheel's version; else None."""
+        current = read_json(self.record_path)
+        if (isinstance(current, dict) and current.get("wheel_sha256") == self.sha
+                and current.get("label") == self.p["label"] and os.access(self.venv_python, os.X_OK)):
+            got, _ = run([self.venv_python, "-c", VERSION_PROBE], "version probe")
+            if got == self.version:
+                return current
+        return None
 
-    index = []
-    if p["install_deps"]:
-        if p["index_url"]:
-            index += ["--index-url", p["index_url"]]
-        for url in p["extra_index_urls"]:
-            index += ["--extra-index-url", url]
-        deps = []
-    else:
-        deps = ["--no-deps", "--no-index"]
-    if installer == "uv":
-        steps = [
-            ([uv, "venv", "--python", p["python"], venv], "uv venv"),
-            (
-                [uv, "pip", "install", "--python", venv_python, "--compile-bytecode", *deps, *index, wheel],
-                "uv pip install",
-            ),
-        ]
-    else:
-        steps = [
-            ([p["python"], "-m", "venv", venv], f"{p['python']} -m venv"),
-            (
-                [
-                    venv_python,
-                    "-m",
-                    "pip",
-                    "install",
-                    "--no-input",
-                    "--disable-pip-version-check",
-                    *deps,
-                    *index,
-                    wheel,
-                ],
-                "pip install",
-            ),
-        ]
-    for cmd, what in steps:
-        _, err = run(module, cmd, what)
+    def check_python(self):
+        """The wheel's Python tag is the host interpreter's."""
+        python = self.p["python"]
+        host_py, err = run([python, "-c", PY_PROBE], f"{python} -c sys.version_info")
         if err:
-            shutil.rmtree(venv, ignore_errors=True)
-            module.fail_json(msg=f"release {p['label']}: {err}", cmd=cmd)
-    got, err = run(module, [venv_python, "-c", VERSION_PROBE], "version probe")
-    if err or got != version:
-        shutil.rmtree(venv, ignore_errors=True)
-        module.fail_json(
-            msg=f"release {p['label']}: installed sglang reports {got!r}, expected {version!r}"
-            + (f" ({err})" if err else "")
-        )
-    venv_py_version, _ = run(module, [venv_python, "-c", PY_PROBE], "python version")
-    release = {
-        "label": p["label"],
-        "patches": p["patches"],
-        "features": p["features"],
-        "wheel": os.path.basename(wheel),
-        "wheel_sha256": sha,
-        "python": venv_py_version,
-        "version": version,
-        "installer": installer,
-        "created": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-    }
-    write_json(record_path, release)  # release.json last, written crash-safely
-    module.exit_json(changed=True, release=release, installer=installer)
+            self.fail(f"sglang_release_python {python}: {err}")
+        if self.pytag != f"cp{''.join(host_py.split('.')[:2])}":
+            self.fail(f"wheel {os.path.basename(self.wheel)} is for {self.pytag} but {python} is Python "
+                      f"{host_py}: build the wheel with --python {'.'.join(host_py.split('.')[:2])}")
+
+    def steps(self):
+        """The installer's commands: make the venv, install the wheel (with or without its dependencies)."""
+        p, venv, venv_python, wheel = self.p, self.venv, self.venv_python, self.wheel
+        index, deps = [], ["--no-deps", "--no-index"]
+        if p["install_deps"]:
+            deps = []
+            if p["index_url"]:
+                index += ["--index-url", p["index_url"]]
+            for url in p["extra_index_urls"]:
+                index += ["--extra-index-url", url]
+        if self.installer == "uv":
+            return [([self.uv, "venv", "--python", p["python"], venv], "uv venv"),
+                    ([self.uv, "pip", "install", "--python", venv_python, "--compile-bytecode", *deps, *index, wheel],
+                     "uv pip install")]
+        return [([p["python"], "-m", "venv", venv], f"{p['python']} -m venv"),
+                ([venv_python, "-m", "pip", "install", "--no-input", "--disable-pip-version-check", *deps, *index,
+                  wheel], "pip install")]
+
+    def install(self):
+        """Remove what a former try left, run the steps, check the installed version; the venv goes on failure."""
+        for stale in (self.record_path, self.venv):
+            if os.path.isdir(stale):
+                shutil.rmtree(stale)
+            elif os.path.exists(stale):
+                os.unlink(stale)
+        for cmd, what in self.steps():
+            _, err = run(cmd, what)
+            if err:
+                shutil.rmtree(self.venv, ignore_errors=True)
+                self.fail(f"release {self.p['label']}: {err}", cmd=cmd)
+        got, err = run([self.venv_python, "-c", VERSION_PROBE], "version probe")
+        if err or got != self.version:
+            shutil.rmtree(self.venv, ignore_errors=True)
+            self.fail(f"release {self.p['label']}: installed sglang reports {got!r}, expected {self.version!r}"
+                      + (f" ({err})" if err else ""))
+
+    def record(self):
+        """Write release.json last, crash-safely: a release without it is not installed."""
+        venv_py_version, _ = run([self.venv_python, "-c", PY_PROBE], "python version")
+        release = {
+            "label": self.p["label"],
+            "patches": self.p["patches"],
+            "features": self.p["features"],
+            "wheel": os.path.basename(self.wheel),
+            "wheel_sha256": self.sha,
+            "python": venv_py_version,
+            "version": self.version,
+            "installer": self.installer,
+            "created": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        }
+        write_json(self.record_path, release)
+        return release
+
+
+def main():
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    os.umask(0o022)  # the service user must be able to read the release
+    release = ReleaseInstall(module)
+    release.check_wheel()
+    current = release.installed()
+    if current is not None:
+        module.exit_json(changed=False, release=current, installer=release.installer)
+    release.check_python()
+    if module.check_mode:
+        module.exit_json(changed=True, release=read_json(release.record_path) or {}, installer=release.installer)
+    release.install()
+    module.exit_json(changed=True, release=release.record(), installer=release.installer)
 
 
 if __name__ == "__main__":
