@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -68,6 +69,10 @@ def _tasks(node):
             yield from _tasks(node.get(key) or [])
 
 
+# The sgdeploy package (sgdeploy/...), not the collection's own folders (ansible_collections/sgdeploy/host/...).
+PACKAGE = re.compile(r"(^|[^_/\w]|(?<!ansible_collections)/)sgdeploy(?!/host\b)")
+
+
 def test_no_task_copies_the_sgdeploy_package_to_a_host():
     """Issue 19: nothing of the `sgdeploy` package (its modules, its prompts) is copied to hosts; the gates
     run as the sgdeploy.host.sglang_gate module, whose code Ansible ships itself."""
@@ -80,7 +85,7 @@ def test_no_task_copies_the_sgdeploy_package_to_a_host():
                            "ansible.builtin.unarchive"):
                 args = task.get(action)
                 if isinstance(args, dict) and task.get("delegate_to") != "localhost" and (
-                        "sgdeploy" in str(args.get("src", "")) or "sgdeploy" in str(task.get("loop", ""))
+                        PACKAGE.search(str(args.get("src", ""))) or PACKAGE.search(str(task.get("loop", "")))
                         or "/sgdeploy" in str(args.get("dest", ""))):
                     copies.append(f"{path.relative_to(REPO)}: {task.get('name')}")
     assert copies == []
