@@ -230,8 +230,9 @@ lab-down: $(STAMP) ## Stop the lab hosts and remove their state
 lab-status: $(STAMP) ## List the lab hosts
 	$(PY) tests/lab/lab.py status
 
-lint: $(STAMP) ## ruff, yamllint, ansible-lint (production profile)
+lint: $(STAMP) ## ruff, mypy (sgdeploy/ and the collection's module_utils), yamllint, ansible-lint (production profile)
 	$(VENV)/bin/ruff check sgdeploy tests patches/sglang/src collections
+	$(VENV)/bin/mypy
 	$(VENV)/bin/yamllint -s .
 	$(VENV)/bin/ansible-lint --offline -q --profile production playbooks collections/ansible_collections/sgdeploy/host/roles
 

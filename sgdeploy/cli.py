@@ -21,6 +21,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import NoReturn
 
 from sgdeploy import __version__, controller, models, render, spec
 
@@ -31,7 +32,7 @@ HOST_GROUP = "gpu_hosts"  # the group every play that touches hosts targets
 class _Parser(argparse.ArgumentParser):
     """Bad arguments: one line `sgdeploy SUB: message`, exit 2, no usage dump."""
 
-    def error(self, message: str) -> None:
+    def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: {message}\n")
 
 

@@ -88,6 +88,7 @@ def load_thresholds(config_json: str | None,
         source = f"--config-json {config_json}"
         data = records.read_json(config_json, source, GateError)
     else:
+        assert thresholds_json is not None  # main's argument group requires --config-json or --thresholds-json
         try:
             data = json.loads(thresholds_json)
         except ValueError as err:

@@ -65,7 +65,9 @@ def what_of(record: dict) -> str:
     """What a record was, in a few words: a deploy (and how it ended), a sweep variant, a manual
     rollback, the recovery of an interrupted switch."""
     outcome = record.get("outcome")
-    rollback = record.get("rollback") if isinstance(record.get("rollback"), dict) else {}
+    rollback = record.get("rollback")
+    if not isinstance(rollback, dict):
+        rollback = {}
     if rollback.get("manual"):
         restored = [u for u in rollback.get("restored") or [] if isinstance(u, str)]
         if outcome == "rolled_back":
@@ -79,15 +81,18 @@ def what_of(record: dict) -> str:
                 f"top-k cap {variant['cap']})")
     else:
         kind = "deploy"
-    return kind + {"unchanged": ", unchanged", "rolled_back": ", rolled back", "failed": ", failed"}.get(outcome, "")
+    endings: dict[object, str] = {"unchanged": ", unchanged", "rolled_back": ", rolled back", "failed": ", failed"}
+    return kind + endings.get(outcome, "")
 
 
 def _numbers(record: dict) -> tuple:
-    bench = record.get("bench") if isinstance(record.get("bench"), dict) else {}
+    bench = record.get("bench")
+    if not isinstance(bench, dict):
+        bench = {}
     return bench.get("accept_length_mean"), bench.get("tokens_per_s")
 
 
-def last_measured(records: list[dict], config: str, host: str, unit_digest: str | None = None,
+def last_measured(records: list[dict], config: str | None, host: str | None, unit_digest: str | None = None,
                   before: dict | None = None) -> dict | None:
     """The newest deployed record of ``config`` on ``host`` (older than ``before``, when given) whose
     gates measured accept length or tokens/s; one of the same unit when ``unit_digest`` is given and
@@ -100,7 +105,8 @@ def last_measured(records: list[dict], config: str, host: str, unit_digest: str 
                 and any(n is not None for n in _numbers(r)):
             found.append(r)
     same = [r for r in found if unit_digest and r.get("unit_digest") == unit_digest]
-    return (same or found or [None])[-1]
+    newest = same or found
+    return newest[-1] if newest else None
 
 
 def history_rows(records: list[dict], every: bool = False) -> list[dict]:
@@ -207,7 +213,7 @@ def status_report(records: list[dict], now: dict[str, dict | None] | None, every
 def read_now(folder: str | Path, hosts: list[str] | None) -> dict[str, dict | None]:
     """What ``playbooks/status.yml`` kept of each host (``<host>.json``); a host of ``hosts`` without a
     file did not answer (None)."""
-    found = {}
+    found: dict[str, dict | None] = {}
     for path in sorted(Path(folder).glob("*.json")) if Path(folder).is_dir() else []:
         data = read_json(path, str(path), RecordError)
         if not isinstance(data, dict):

@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -158,7 +159,9 @@ def leaks(row: dict) -> bool:
 
 def gate_verdicts(row: dict) -> dict[str, str | None]:
     """{gate: pass | fail | inconclusive | None (not run)} for the four gates of the deploy."""
-    gates = row.get("gates") if isinstance(row.get("gates"), dict) else {}
+    gates = row.get("gates")
+    if not isinstance(gates, dict):
+        gates = {}
     out = {}
     for name in GATE_NAMES:
         g = gates.get(name)
@@ -285,7 +288,9 @@ SIMULATED_NOTE = ("the host runs the lab's simulated engine (tests/sim): these n
 
 
 def _same(a: dict | None, b: dict | None) -> bool:
-    return bool(a and b) and (a["budget"], a["topk_cap"]) == (b["budget"], b["topk_cap"])
+    if not a or not b:
+        return False
+    return (a["budget"], a["topk_cap"]) == (b["budget"], b["topk_cap"])
 
 
 def markdown(results: dict) -> str:
@@ -342,7 +347,7 @@ def _boxes_overlap(a, b, pad: float) -> bool:
     return not (a.x1 + pad <= b.x0 or b.x1 + pad <= a.x0 or a.y1 + pad <= b.y0 or b.y1 + pad <= a.y0)
 
 
-def thin_tick_labels(fig, ax, keep: list[float] = (), pad: float = 4.0) -> list[str]:
+def thin_tick_labels(fig, ax, keep: Sequence[float] = (), pad: float = 4.0) -> list[str]:
     """Hide the x tick labels that would overlap a label already shown (the tick stays): the first and
     last ticks, then ``keep`` (the best, the cliff), then the rest in order. Returns the labels shown."""
     renderer = fig.canvas.get_renderer()

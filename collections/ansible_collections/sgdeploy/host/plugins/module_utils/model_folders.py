@@ -16,6 +16,7 @@ its size and checksum. A folder is only ever created by renaming a complete stag
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -89,7 +90,7 @@ def folder_digest(folder: Path) -> tuple[str, int, list[dict]]:
         rel = p.relative_to(folder).as_posix()
         h = hashlib.sha256()
         with p.open("rb") as fh:
-            for chunk in iter(lambda fh=fh: fh.read(CHUNK), b""):
+            for chunk in iter(functools.partial(fh.read, CHUNK), b""):
                 h.update(chunk)
         size = p.stat().st_size
         outer.update(f"{rel}\0{size}\0{h.hexdigest()}\n".encode())

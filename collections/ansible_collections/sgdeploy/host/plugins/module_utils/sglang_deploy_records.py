@@ -166,7 +166,7 @@ def last_good(records_dir: str | Path, config: str, host: str) -> dict | None:
 def status_rows(records: list[dict], every: bool = False) -> list[dict]:
     """Rows for ``make status``: the newest record per (config, host), or every record."""
     if not every:
-        latest: dict[tuple[str, str], dict] = {}
+        latest: dict[tuple[str | None, str | None], dict] = {}
         for r in records:
             latest[(r.get("config"), r.get("host"))] = r
         records = sorted(latest.values(), key=lambda r: (r.get("config") or "", r.get("host") or ""))

@@ -15,12 +15,13 @@ import threading
 import time
 import unicodedata
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_gate_bench as bench
 from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_gate_exactness as exactness
 from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_gate_http as serving
 from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_gate_selfcheck as selfcheck
+from ansible_collections.sgdeploy.host.plugins.module_utils.sglang_gate_bench import BenchResult
 
 PASS, FAIL, INCONCLUSIVE = "pass", "fail", "inconclusive"
 GATES = ("smoke", "throughput", "acceptance")  # the gates of a record's "gates" list
@@ -125,9 +126,11 @@ def smoke(base_url: str, thresholds: GateThresholds, speculative: bool, timeout:
         except serving.ServingError as err:
             return result(FAIL, f"request {attempt} of 2 failed: {err}")
     texts, metas = [a.get("text") for a in answers], [a.get("meta_info") or {} for a in answers]
+    said: list[str] = []  # the texts, each checked to be a string
     for attempt, (text, meta) in enumerate(zip(texts, metas, strict=True), 1):
         if not isinstance(text, str) or not text.strip():
             return result(FAIL, f"answer {attempt} of 2 is empty", 0.0, answer=text)
+        said.append(text)
         why = garbled(text)
         if why:
             return result(FAIL, f"answer {attempt} of 2 is garbled: {why} in {_excerpt(text)}", answer=text)
@@ -139,13 +142,14 @@ def smoke(base_url: str, thresholds: GateThresholds, speculative: bool, timeout:
         if speculative and not (isinstance(verify, int | float) and verify > 0):
             return result(FAIL, f"answer {attempt} of 2 reports spec_verify_ct {verify!r}: no speculative "
                                 "metrics, so speculative decoding is not running", float(tokens), answer=text)
-    if texts[0] != texts[1]:
-        return result(FAIL, f"two identical greedy requests gave different answers: {_excerpt(texts[0])} "
-                            f"vs {_excerpt(texts[1])}", answer=texts[0], answer_2=texts[1])
+    if said[0] != said[1]:
+        return result(FAIL, f"two identical greedy requests gave different answers: {_excerpt(said[0])} "
+                            f"vs {_excerpt(said[1])}", answer=said[0], answer_2=said[1])
     tokens = metas[0]["completion_tokens"]
     reason = f"answered {tokens} tokens twice, identically"
     accept = bench.accept_length(metas[0])
     if speculative:
+        assert accept is not None  # spec_verify_ct > 0 and completion_tokens > 0, checked above
         reason += f"; spec_verify_ct {metas[0]['spec_verify_ct']}, accept length {_num(accept)}"
     return result(PASS, reason, float(tokens), answer=texts[0], accept_length=accept)
 
@@ -268,6 +272,7 @@ def throughput(bench_result: bench.BenchResult | dict, thresholds: GateThreshold
     """Tokens/s of the bench against ``min_tokens_per_s``, the baseline bench (or record) and, for a canary,
     ``peer``: the bench of an old replica run side by side with it in the same window."""
     b, base, other = _bench_dict(bench_result), _bench_dict(baseline), _bench_dict(peer)
+    assert b is not None  # the candidate's own bench (a BenchResult or its dict), never absent
     threshold = thresholds.min_tokens_per_s
     return (_too_few("throughput", "tokens_per_s", threshold, b, thresholds)
             or _judge("throughput", "tokens_per_s", float(b["tokens_per_s"]), threshold, b, base, thresholds,
@@ -288,6 +293,7 @@ def acceptance(bench_result: bench.BenchResult | dict, thresholds: GateThreshold
         return GateResult("acceptance", "accept_length", None, threshold, None, PASS,
                           "not speculative: one token per step by construction, nothing to gate")
     b, base, other = _bench_dict(bench_result), _bench_dict(baseline), _bench_dict(peer)
+    assert b is not None  # the candidate's own bench (a BenchResult or its dict), never absent
     too_few = _too_few("acceptance", "accept_length", threshold, b, thresholds)
     if too_few:
         return too_few
@@ -333,7 +339,8 @@ def exactness_gate(base_url: str, thresholds: GateThresholds, target: ExactnessT
     path = None if target.identity is None else exactness.reference_path(target.references_dir, target.identity)
     where = {} if path is None else {"reference_path": str(path)}
     prompts = exactness.load_prompts()
-    if target.identity is None:
+    missing: str | None
+    if target.identity is None or path is None:  # path is None exactly when identity is
         missing = "the deploy description names no target model, so there is no reference to compare with"
     elif not path.is_file():
         missing = f"no reference outputs for {target.identity['label']} on this host yet ({path})"
@@ -381,7 +388,10 @@ def record_reference(base_url: str, thresholds: GateThresholds, target: Exactnes
         return _exact(INCONCLUSIVE, f"not speculative; no reference recorded: {len(errors)} of {len(prompts)} "
                       f"requests failed: {errors[0]}", None, thresholds, errors=errors[:5])
     path = exactness.reference_path(target.references_dir, target.identity)
-    ref = exactness.build_reference(outputs, prompts, target.identity, config=target.config, host=target.host,
+    # No errors: collect answered every prompt (it sets an answer or an error for each; only a worker still
+    # running after its join would leave a None, on which build_reference fails as it always did).
+    answered = cast("list[dict]", outputs)
+    ref = exactness.build_reference(answered, prompts, target.identity, config=target.config, host=target.host,
                                     release=target.release, concurrency=thresholds.exactness_concurrency)
     try:
         exactness.write_reference(path, ref)
@@ -405,7 +415,7 @@ class GateReport:
     speculative: bool
     thresholds: GateThresholds
     results: list[GateResult]
-    bench: bench.BenchResult | None = None
+    bench: BenchResult | None = None  # (the class by its own name: this field hides the module in here)
     baseline: dict | None = None  # who the baseline is: {"config", "host", "release", "finished"}
     started: str = ""
     finished: str = ""
@@ -413,7 +423,7 @@ class GateReport:
     exactness_enforced: bool = True  # False: the verdict is recorded, never blocks (the sweep's variants)
     # A canary's second baseline: an old replica's bench run side by side with the canary's (same prompts,
     # same counts, the same window); None when no old replica was named (peer_url).
-    peer_bench: bench.BenchResult | None = None
+    peer_bench: BenchResult | None = None
 
     @property
     def exactness_blocks(self) -> bool:
@@ -461,6 +471,7 @@ class GateReport:
             return f"gates failed: {', '.join(self.failed_gates)}"
         if self.all_passed:
             return "gates passed"
+        assert self.exactness is not None  # passed but not all passed: exactness did not pass
         return (f"gates not all passed, none blocks: exactness {self.exactness.verdict.upper()} "
                 f"({self._why_not_blocking()})")
 
@@ -512,10 +523,12 @@ def side_by_side(base_url: str, peer_url: str, prompts: list[bench.Prompt] | Non
         t.start()
     for t in threads:
         t.join()
-    for key in ("candidate", "peer"):
-        if isinstance(out[key], Exception):
-            raise out[key]
-    return out["candidate"], out["peer"]
+    candidate, peer = out["candidate"], out["peer"]
+    if isinstance(candidate, Exception):
+        raise candidate
+    if isinstance(peer, Exception):
+        raise peer
+    return candidate, peer
 
 
 def _baseline_info(record: dict | None) -> dict | None:
@@ -541,15 +554,16 @@ def run_all(base_url: str, thresholds: GateThresholds, speculative: bool, baseli
     if unknown:
         raise GateError(f"--only {sorted(unknown)[0]!r} is not a gate; allowed: {', '.join(ALL_GATES)}")
     selected = [g for g in GATES if only is None or g in only]
-    exact = exactness_target is not None and (only is None or "exactness" in only)
+    # The exactness gate's target: where references are, when given and selected (None: no exactness gate).
+    exact = exactness_target if only is None or "exactness" in only else None
     report = GateReport(base_url, speculative, thresholds, [], baseline=_baseline_info(baseline_record),
                         started=_now(), exactness_enforced=exactness_enforced)
     if "smoke" in selected:
         report.results.append(smoke(base_url, thresholds, speculative, smoke_timeout))
     smoke_failed = bool(report.results) and not report.results[0].passed
-    if exact and speculative:
+    if exact is not None and speculative:
         report.exactness = (_exact(INCONCLUSIVE, "skipped: the smoke gate failed", None, thresholds)
-                            if smoke_failed else exactness_gate(base_url, thresholds, exactness_target, bench_timeout))
+                            if smoke_failed else exactness_gate(base_url, thresholds, exact, bench_timeout))
     rest = [g for g in selected if g != "smoke"]
     if rest and smoke_failed:
         for g in rest:
@@ -569,8 +583,8 @@ def run_all(base_url: str, thresholds: GateThresholds, speculative: bool, baseli
             report.results.append(throughput(report.bench, thresholds, base, peer))
         if "acceptance" in rest:
             report.results.append(acceptance(report.bench, thresholds, base, speculative, peer))
-    if exact and not speculative:
-        report.exactness = (record_reference(base_url, thresholds, exactness_target, bench_timeout)
+    if exact is not None and not speculative:
+        report.exactness = (record_reference(base_url, thresholds, exact, bench_timeout)
                             if report.passed else
                             _exact(INCONCLUSIVE, "not speculative; no reference recorded: a gate did not pass",
                                    None, thresholds))

@@ -216,12 +216,14 @@ def run(base_url: str, prompts: list[Prompt] | None = None, requests: int = 16, 
         last_end = max(ends, default=time.monotonic())
         sent = next_index[0]
         next_index[0] = requests  # stop stragglers from sending more
+    done: list[RequestSample] = []  # every request's sample, one made up for each not finished
     for i, s in enumerate(finished):
         if s is None:
             reason = "still running" if i < sent else "not sent"
-            finished[i] = RequestSample(i, prompts[i % len(prompts)].id, False,
-                                        error=f"{reason} when the bench time limit ({timeout:g} s) ran out")
-    return summarise(base_url, finished, concurrency, max_new_tokens, prompts_digest(prompts), started,
+            s = RequestSample(i, prompts[i % len(prompts)].id, False,
+                              error=f"{reason} when the bench time limit ({timeout:g} s) ran out")
+        done.append(s)
+    return summarise(base_url, done, concurrency, max_new_tokens, prompts_digest(prompts), started,
                      min(last_end, deadline) - start)
 
 

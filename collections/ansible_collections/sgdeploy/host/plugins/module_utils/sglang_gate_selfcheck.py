@@ -95,9 +95,10 @@ def parse_decode(answer: dict) -> tuple[list[int], list[int], list[str | None]]:
         tokens = _ids(chosen, "meta_info.output_token_logprobs")
         texts = [e[2] if len(e) > 2 else None for e in chosen]
     else:
-        tokens = answer.get("output_ids")
-        if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
+        output_ids = answer.get("output_ids")
+        if not isinstance(output_ids, list) or not all(isinstance(t, int) for t in output_ids):
             raise ExactnessError("the answer has neither meta_info.output_token_logprobs nor output_ids")
+        tokens = output_ids
         texts = [None] * len(tokens)
     return prompt_ids, list(tokens), texts
 
@@ -141,7 +142,8 @@ def judge(prompt_id: str, prompt_len: int, tokens: list[int], texts: list[str | 
     """One prompt: every answered token against the target's top-1 at its position (``scored`` is
     ``parse_prefill`` of prompt + answer). A token is fine when it is the top-1 or its log-probability is less
     than ``tolerance`` below the top-1's (a near-tie)."""
-    near, outside = [], []
+    near: list[dict] = []
+    outside: list[dict] = []
     for k, tok in enumerate(tokens):
         lp, top = scored[prompt_len + k]
         best_lp, best_id, best_text = top[0]
