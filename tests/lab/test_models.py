@@ -141,7 +141,7 @@ def models_task_results(output: str) -> dict[str, list[str]]:
     task = None
     for line in output.splitlines():
         if line.startswith("TASK ["):
-            task = line[6:line.index("]")] if line[6:].startswith("sglang_models : ") else None
+            task = line[6:line.index("]")] if line[6:].startswith("sgdeploy.host.sglang_models : ") else None
         elif task and line.split(":")[0] in ("ok", "changed", "skipping", "failed", "fatal"):
             results.setdefault(task, []).append(line.split(":")[0])
     assert results, f"no sglang_models task in the output:\n{output[-3000:]}"
@@ -261,7 +261,7 @@ def test_hub_download_resumes_then_a_second_run_transfers_nothing(lab, fixtures,
     results = models_task_results(proc.stdout)
     assert not any("changed" in r for r in results.values()), results
     # skipped tasks are hidden by the output (callback sgdeploy.host.summary): the fetch shows no result at all
-    fetch = "sglang_models : Fetch from the hub (resumable; verified; renamed into place when complete)"
+    fetch = "sgdeploy.host.sglang_models : Fetch from the hub (resumable; verified; renamed into place when complete)"
     assert set(results.get(fetch, {"skipping": 0})) == {"skipping"}, results
 
 

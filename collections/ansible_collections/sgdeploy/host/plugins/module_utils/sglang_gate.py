@@ -149,7 +149,8 @@ def smoke(base_url: str, thresholds: GateThresholds, speculative: bool, timeout:
     reason = f"answered {tokens} tokens twice, identically"
     accept = bench.accept_length(metas[0])
     if speculative:
-        assert accept is not None  # spec_verify_ct > 0 and completion_tokens > 0, checked above
+        if accept is None:  # spec_verify_ct > 0 and completion_tokens > 0, checked above
+            raise AssertionError("accept is None")
         reason += f"; spec_verify_ct {metas[0]['spec_verify_ct']}, accept length {_num(accept)}"
     return result(PASS, reason, float(tokens), answer=texts[0], accept_length=accept)
 
@@ -272,7 +273,8 @@ def throughput(bench_result: bench.BenchResult | dict, thresholds: GateThreshold
     """Tokens/s of the bench against ``min_tokens_per_s``, the baseline bench (or record) and, for a canary,
     ``peer``: the bench of an old replica run side by side with it in the same window."""
     b, base, other = _bench_dict(bench_result), _bench_dict(baseline), _bench_dict(peer)
-    assert b is not None  # the candidate's own bench (a BenchResult or its dict), never absent
+    if b is None:  # the candidate's own bench (a BenchResult or its dict), never absent
+        raise AssertionError("b is None")
     threshold = thresholds.min_tokens_per_s
     return (_too_few("throughput", "tokens_per_s", threshold, b, thresholds)
             or _judge("throughput", "tokens_per_s", float(b["tokens_per_s"]), threshold, b, base, thresholds,
@@ -293,7 +295,8 @@ def acceptance(bench_result: bench.BenchResult | dict, thresholds: GateThreshold
         return GateResult("acceptance", "accept_length", None, threshold, None, PASS,
                           "not speculative: one token per step by construction, nothing to gate")
     b, base, other = _bench_dict(bench_result), _bench_dict(baseline), _bench_dict(peer)
-    assert b is not None  # the candidate's own bench (a BenchResult or its dict), never absent
+    if b is None:  # the candidate's own bench (a BenchResult or its dict), never absent
+        raise AssertionError("b is None")
     too_few = _too_few("acceptance", "accept_length", threshold, b, thresholds)
     if too_few:
         return too_few
@@ -471,7 +474,8 @@ class GateReport:
             return f"gates failed: {', '.join(self.failed_gates)}"
         if self.all_passed:
             return "gates passed"
-        assert self.exactness is not None  # passed but not all passed: exactness did not pass
+        if self.exactness is None:  # passed but not all passed: exactness did not pass
+            raise AssertionError("self.exactness is None")
         return (f"gates not all passed, none blocks: exactness {self.exactness.verdict.upper()} "
                 f"({self._why_not_blocking()})")
 

@@ -4,11 +4,8 @@
 
 from __future__ import annotations
 
-import re
-import tempfile
-
-from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.urls import fetch_url
+# Ansible module layout: the documentation strings come before the imports (ansible-test validate-modules).
+# ruff: noqa: E402
 
 DOCUMENTATION = r"""
 module: nvidia_apt_key_verify
@@ -66,6 +63,13 @@ key:
 fingerprint: {description: "its full fingerprint (upper case, no spaces)", type: str, returned: success}
 uids: {description: its user IDs, type: list, elements: str, returned: success}
 """
+
+
+import re
+import tempfile
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.urls import fetch_url
 
 ARMOR = "-----BEGIN PGP PUBLIC KEY BLOCK-----"
 BAD_VALIDITY = {"r": "revoked", "e": "expired", "d": "disabled", "i": "invalid"}

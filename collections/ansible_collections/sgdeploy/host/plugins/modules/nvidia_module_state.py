@@ -4,9 +4,8 @@
 
 from __future__ import annotations
 
-import os
-
-from ansible.module_utils.basic import AnsibleModule
+# Ansible module layout: the documentation strings come before the imports (ansible-test validate-modules).
+# ruff: noqa: E402
 
 DOCUMENTATION = r"""
 module: nvidia_module_state
@@ -52,6 +51,11 @@ loaded_version: {description: version of the loaded module ("" when none is load
 differs: {description: installed and loaded versions differ, type: bool, returned: always}
 pending: {description: the marker of a deferred reboot exists, type: bool, returned: always}
 """
+
+
+import os
+
+from ansible.module_utils.basic import AnsibleModule
 
 
 def modinfo(module, field):

@@ -4,9 +4,8 @@
 
 from __future__ import annotations
 
-import re
-
-from ansible.module_utils.basic import AnsibleModule
+# Ansible module layout: the documentation strings come before the imports (ansible-test validate-modules).
+# ruff: noqa: E402
 
 DOCUMENTATION = r"""
 module: nvidia_package_hold
@@ -49,6 +48,11 @@ RETURN = r"""
 held: {description: installed packages that match (all on hold afterwards), type: list, returned: always}
 newly_held: {description: the ones this run put on hold, type: list, returned: always}
 """
+
+
+import re
+
+from ansible.module_utils.basic import AnsibleModule
 
 
 def main():

@@ -4,12 +4,8 @@
 
 from __future__ import annotations
 
-import os
-import re
-import shutil
-import subprocess
-
-from ansible.module_utils.basic import AnsibleModule
+# Ansible module layout: the documentation strings come before the imports (ansible-test validate-modules).
+# ruff: noqa: E402
 
 DOCUMENTATION = r"""
 module: nvidia_preflight_facts
@@ -63,6 +59,14 @@ gpus: {description: "NVIDIA display-class PCI functions: slot, pci_id, descripti
 gpu_count: {description: number of gpus, type: int, returned: always}
 free_gb: {description: free space under disk_path in GB (10^9 bytes), type: float, returned: always}
 """
+
+
+import os
+import re
+import shutil
+import subprocess
+
+from ansible.module_utils.basic import AnsibleModule
 
 # `lspci -nn` line: "18:00.0 3D controller [0302]: NVIDIA Corporation GB202GL [...] [10de:2bb5] (rev a1)"
 LSPCI_GPU = re.compile(r"^(?P<slot>\S+) .*\[(?P<cls>03[0-9a-f]{2})\]: (?P<desc>.*)\[(?P<id>10de:[0-9a-f]{4})\]", re.I)

@@ -4,10 +4,8 @@
 
 from __future__ import annotations
 
-import os
-import re
-
-from ansible.module_utils.basic import AnsibleModule
+# Ansible module layout: the documentation strings come before the imports (ansible-test validate-modules).
+# ruff: noqa: E402
 
 DOCUMENTATION = r"""
 module: nvidia_verify_facts
@@ -60,6 +58,12 @@ driver_versions: {description: driver version per GPU, type: list, returned: alw
 nvcc_output: {description: nvcc --version output, type: str, returned: always}
 nvcc_release: {description: '"MAJOR.MINOR" from nvcc ("" when not found)', type: str, returned: always}
 """
+
+
+import os
+import re
+
+from ansible.module_utils.basic import AnsibleModule
 
 NVCC_RELEASE = re.compile(r"release (\d+\.\d+)")
 

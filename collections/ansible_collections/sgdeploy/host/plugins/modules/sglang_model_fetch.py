@@ -3,21 +3,8 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.sgdeploy.host.plugins.module_utils.hf_fetch import (
-    Hub,
-    check_names,
-    fetch,
-    read_token_file,
-)
-from ansible_collections.sgdeploy.host.plugins.module_utils.model_folders import (
-    ModelError,
-    files_summary,
-    marker_summary,
-    os_error_line,
-)
+# Ansible module layout: the documentation strings come before the imports (ansible-test validate-modules).
+# ruff: noqa: E402
 
 DOCUMENTATION = r"""
 module: sglang_model_fetch
@@ -139,6 +126,23 @@ resumes:
   type: list
   elements: str
 """
+
+
+from pathlib import Path
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.sgdeploy.host.plugins.module_utils.hf_fetch import (
+    Hub,
+    check_names,
+    fetch,
+    read_token_file,
+)
+from ansible_collections.sgdeploy.host.plugins.module_utils.model_folders import (
+    ModelError,
+    files_summary,
+    marker_summary,
+    os_error_line,
+)
 
 
 def main() -> None:

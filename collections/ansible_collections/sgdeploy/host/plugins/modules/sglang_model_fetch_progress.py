@@ -3,17 +3,8 @@
 
 from __future__ import annotations
 
-import json
-import time
-from pathlib import Path
-
-from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.sgdeploy.host.plugins.module_utils.hf_fetch import (
-    pid_alive,
-    progress_line,
-    progress_path,
-    read_progress,
-)
+# Ansible module layout: the documentation strings come before the imports (ansible-test validate-modules).
+# ruff: noqa: E402
 
 DOCUMENTATION = r"""
 module: sglang_model_fetch_progress
@@ -78,6 +69,19 @@ progress:
   returned: always
   type: dict
 """
+
+
+import json
+import time
+from pathlib import Path
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.sgdeploy.host.plugins.module_utils.hf_fetch import (
+    pid_alive,
+    progress_line,
+    progress_path,
+    read_progress,
+)
 
 
 def job_finished(results_file: Path) -> bool:

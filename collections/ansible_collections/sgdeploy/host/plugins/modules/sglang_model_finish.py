@@ -3,15 +3,8 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.sgdeploy.host.plugins.module_utils.model_folders import (
-    ModelError,
-    finish,
-    marker_summary,
-    os_error_line,
-)
+# Ansible module layout: the documentation strings come before the imports (ansible-test validate-modules).
+# ruff: noqa: E402
 
 DOCUMENTATION = r"""
 module: sglang_model_finish
@@ -78,6 +71,17 @@ bytes:
   returned: success
   type: int
 """
+
+
+from pathlib import Path
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.sgdeploy.host.plugins.module_utils.model_folders import (
+    ModelError,
+    finish,
+    marker_summary,
+    os_error_line,
+)
 
 
 def main() -> None:

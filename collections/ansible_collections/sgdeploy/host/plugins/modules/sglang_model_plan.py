@@ -3,10 +3,8 @@
 
 from __future__ import annotations
 
-from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.sgdeploy.host.plugins.module_utils.hf_fetch import Hub
-from ansible_collections.sgdeploy.host.plugins.module_utils.model_folders import ModelError, os_error_line
-from ansible_collections.sgdeploy.host.plugins.module_utils.model_plan import describe, plan
+# Ansible module layout: the documentation strings come before the imports (ansible-test validate-modules).
+# ruff: noqa: E402
 
 DOCUMENTATION = r"""
 module: sglang_model_plan
@@ -68,6 +66,12 @@ bytes_to_transfer:
   returned: success
   type: int
 """
+
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.sgdeploy.host.plugins.module_utils.hf_fetch import Hub
+from ansible_collections.sgdeploy.host.plugins.module_utils.model_folders import ModelError, os_error_line
+from ansible_collections.sgdeploy.host.plugins.module_utils.model_plan import describe, plan
 
 
 def main() -> None:

@@ -3,15 +3,8 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.sgdeploy.host.plugins.module_utils.model_folders import (
-    folders_in_use,
-    os_error_line,
-    prunable,
-    prune,
-)
+# Ansible module layout: the documentation strings come before the imports (ansible-test validate-modules).
+# ruff: noqa: E402
 
 DOCUMENTATION = r"""
 module: sglang_model_prune
@@ -70,6 +63,17 @@ kept:
   type: list
   elements: str
 """
+
+
+from pathlib import Path
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.sgdeploy.host.plugins.module_utils.model_folders import (
+    folders_in_use,
+    os_error_line,
+    prunable,
+    prune,
+)
 
 
 def main() -> None:

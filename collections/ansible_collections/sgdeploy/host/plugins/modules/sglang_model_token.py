@@ -3,10 +3,8 @@
 
 from __future__ import annotations
 
-import os
-
-from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.sgdeploy.host.plugins.module_utils.hf_fetch import TOKEN_DIR, write_token_file
+# Ansible module layout: the documentation strings come before the imports (ansible-test validate-modules).
+# ruff: noqa: E402
 
 DOCUMENTATION = r"""
 module: sglang_model_token
@@ -79,6 +77,12 @@ removed:
   returned: state is absent
   type: bool
 """
+
+
+import os
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.sgdeploy.host.plugins.module_utils.hf_fetch import TOKEN_DIR, write_token_file
 
 
 def main() -> None:

@@ -7,7 +7,8 @@ module: sglang_replica_retire
 short_description: Retire a surplus replica after a scale down (stop, disable, remove its unit and env file)
 description:
   - For a replica the rollout's plan (sgdeploy.host.sglang_replicas_plan) found surplus, once the router no
-    longer lists it (sgdeploy.host.sglang_router_workers O(absent), which lets its requests in flight finish),
+    longer lists it (O(sgdeploy.host.sglang_router_workers#module:absent), which lets its requests in flight
+    finish),
     stops its unit (SIGTERM, so the engine drains), disables it, removes the unit file and the env file, reloads
     systemd, and moves its C(current.json) to C(retired.json) (its records stay), so that no status, rollback
     or plan counts it as deployed any more.
