@@ -33,6 +33,7 @@ from pydantic import (
     Field,
     ValidationError,
     ValidationInfo,
+    WithJsonSchema,
     create_model,
     field_validator,
     model_validator,
@@ -201,8 +202,10 @@ StrList = Annotated[list[str] | None, Leaf("list[str]", "must be a list of strin
 IP = Annotated[Annotated[str, AfterValidator(_ip)] | None,
                Leaf("ip", "must be an IP address (e.g. 127.0.0.1 for loopback only)")]
 # serving.env: checked entry by entry (`_Section._env`); values become strings (true/false in lower case).
-EnvMap = Annotated[dict[Annotated[str, Field(pattern=ENV_NAME_RE.pattern)], str | int | float | bool] | None,
-                   Leaf("map[str]", "must be a mapping of NAME: value")]
+EnvEntries = Annotated[dict[str, str | int | float | bool], WithJsonSchema({
+    "type": "object", "propertyNames": {"pattern": ENV_NAME_RE.pattern},
+    "additionalProperties": {"type": ["string", "integer", "number", "boolean"]}})]
+EnvMap = Annotated[EnvEntries | None, Leaf("map[str]", "must be a mapping of NAME: value")]
 Source = Annotated[ModelSource | None, Leaf("choice", f"must be one of {', '.join(MODEL_SOURCES)}")]
 AlgorithmChoice = Annotated[Algorithm | None, Leaf("choice", f"must be one of {', '.join(ALGORITHMS)}")]
 BackendChoice = Annotated[AttentionBackend | None, Leaf("choice", f"must be one of {', '.join(ATTENTION_BACKENDS)}",
@@ -305,7 +308,7 @@ def controller_folder(controller_path: str) -> Path:
     return p if p.is_absolute() else REPO_ROOT / p
 
 
-class _Weights(_Section):
+class WeightsSection(_Section):
     """Where a model's weights come from (docs/models.md); the target model and the drafter."""
 
     source: Source = Field("hf", description="hf (a Hugging Face repository), path (a folder "
@@ -385,7 +388,7 @@ class _Weights(_Section):
                                       "not absolute, without '..'")
 
 
-class ModelSection(_Weights):
+class ModelSection(WeightsSection):
     """model: the target model."""
 
     prefix: ClassVar[str] = "model"
@@ -393,7 +396,7 @@ class ModelSection(_Weights):
         None, description="required: whether the model has recurrent (linear-attention) layers")
 
 
-class DrafterSection(_Weights):
+class DrafterSection(WeightsSection):
     """drafter: the draft model of DFLASH and DDTREE."""
 
     prefix: ClassVar[str] = "drafter"

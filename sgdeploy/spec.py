@@ -281,6 +281,7 @@ def load_merged(path: Path, config_dir: Path | None = None, _chain: tuple[Path, 
     merged.pop("extends", None)
     return merged
 
+
 # --------------------------------------------------------------------------------------------------
 # Validation: the models of sgdeploy.config_model
 
@@ -288,23 +289,19 @@ def load_merged(path: Path, config_dir: Path | None = None, _chain: tuple[Path, 
 def validate(merged: dict[str, Any], source: Path, name: str) -> Config:
     """Typed config from a merged mapping, or ConfigError with every problem found."""
     v = config_model.check(merged, source, name)
-    sv, s = v.serving, v.speculative
-    weights = {"model": v.model, "drafter": v.drafter}
-    parts = {part: {k: tuple(val) if k == "allow_patterns" and val is not None else val
-                    for k, val in m.model_dump().items()} for part, m in weights.items() if m is not None}
-    speculative = Speculative(**{k: val for k, val in s.model_dump().items() if val is not None or k == "algorithm"})
-    serving = Serving(
-        gpus=tuple(sv.gpus), tp_size=sv.tp_size, host=sv.host, port=sv.port, nccl_port=sv.nccl_port,
-        attention_backend=sv.attention_backend, mem_fraction_static=sv.mem_fraction_static,
-        max_running_requests=sv.max_running_requests, extra_args=tuple(sv.extra_args), env=dict(sv.env),
-        start_timeout_s=sv.start_timeout_s, stop_timeout_s=sv.stop_timeout_s, drain_timeout_s=sv.drain_timeout_s,
-        forking_memory_gib=sv.forking_memory_gib, replicas=sv.replicas, router=sv.router,
-        api_key_secret=sv.api_key_secret,
-    )
-    drafter = Drafter(**parts["drafter"]) if "drafter" in parts and s.algorithm != "NONE" else None
-    return Config(name=name, source=source, description=v.description, model=Model(**parts["model"]),
-                  drafter=drafter, speculative=speculative, serving=serving,
-                  gates=Gates(v.gates.model_dump()), merged=merged)
+
+    def weights(m: config_model.WeightsSection) -> dict[str, Any]:
+        d = m.model_dump()
+        return d | {"allow_patterns": None if d["allow_patterns"] is None else tuple(d["allow_patterns"])}
+
+    sv = v.serving.model_dump()
+    spec = v.speculative.model_dump()
+    return Config(
+        name=name, source=source, description=v.description, model=Model(**weights(v.model)),
+        drafter=Drafter(**weights(v.drafter)) if v.drafter is not None and spec["algorithm"] != "NONE" else None,
+        speculative=Speculative(**{k: val for k, val in spec.items() if val is not None or k == "algorithm"}),
+        serving=Serving(**sv | {"gpus": tuple(sv["gpus"]), "extra_args": tuple(sv["extra_args"])}),
+        gates=Gates(v.gates.model_dump()), merged=merged)
 
 
 def load(name_or_path: str | Path, config_dir: Path = CONFIG_DIR) -> Config:

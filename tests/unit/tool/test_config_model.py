@@ -227,3 +227,16 @@ def test_every_shipped_config_names_the_schema_on_its_first_line():
     for path in sorted(spec.CONFIG_DIR.glob("*.yml")):
         first = path.read_text().splitlines()[0]
         assert first == f"# yaml-language-server: $schema={config_model.SCHEMA_URL}", path
+
+
+def test_the_schema_takes_every_shipped_config_and_flags_what_an_editor_should():
+    jsonschema = pytest.importorskip("jsonschema")  # ansible-lint's dependency; the editors' own validator
+    schema = json.loads((ROOT / "docs" / "config.schema.json").read_text())
+    validator = jsonschema.Draft202012Validator(schema)
+    for path in sorted(spec.CONFIG_DIR.glob("*.yml")):  # as written: a child config gives only what differs
+        assert not list(validator.iter_errors(spec.load_merged(path) | {"extends": "x"})), path
+        assert not list(validator.iter_errors(old.yaml.safe_load(path.read_text()))), path
+    for wrong in ({"serving": {"port": "x"}}, {"serving": {"hostt": "127.0.0.1"}}, {"speculative": {"algorithm": "X"}},
+                  {"model": {"recurrent_layers": "yes"}}, {"gates": {"bench_requests": 1.5}}, {"modle": {}},
+                  {"serving": {"env": {"bad name": "1"}}}, {"drafter": {"allow_patterns": "*.json"}}):
+        assert list(validator.iter_errors(wrong)), wrong
