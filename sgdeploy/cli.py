@@ -1,6 +1,7 @@
 """The `sgdeploy` command: every controller-side entry point of the project, one subcommand each.
 
     sgdeploy config|validate|render CONFIG ...   the config and its unit (sgdeploy.spec, sgdeploy.render)
+    sgdeploy schema [--out FILE]                 write the config's JSON Schema (docs/config.schema.json)
     sgdeploy gate CONFIG --inventory INV         a config's gates, through an SSH tunnel to one host
     sgdeploy tunnel CONFIG --inventory INV       forward a local port to a host's service, until Ctrl-C
     sgdeploy hosts --inventory INV [--limit P]   the hosts of gpu_hosts a play would target (none: exit 2)
@@ -94,6 +95,19 @@ def cmd_validate(args: argparse.Namespace) -> int:
     if not problems:
         print(f"{len(names)} config(s) valid: {', '.join(names)}")
     return 2 if problems else 0
+
+
+def cmd_schema(args: argparse.Namespace) -> int:
+    """Write the JSON Schema of a config (sgdeploy.config_model), for editors; configs/*.yml name it."""
+    from sgdeploy import config_model
+
+    out = Path(args.out)
+    try:
+        out.write_text(config_model.json_schema())
+    except OSError as err:
+        raise UsageError(f"{out}: cannot write: {err.strerror}") from None
+    print(out)
+    return 0
 
 
 def host_settings(config: spec.Config, args: argparse.Namespace) -> render.HostSettings:
@@ -305,6 +319,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("validate", help="validate configs (all of configs/ by default)")
     p.add_argument("configs", nargs="*")
     p.set_defaults(func=cmd_validate)
+
+    p = sub.add_parser("schema", help="write the JSON Schema of a config, for editors (docs/config.schema.json)")
+    p.add_argument("--out", default=str(spec.REPO_ROOT / "docs" / "config.schema.json"),
+                   help="the file to write (default docs/config.schema.json)")
+    p.set_defaults(func=cmd_schema)
 
     p = sub.add_parser("render", help="render the unit and environment file of a config")
     p.add_argument("config")
