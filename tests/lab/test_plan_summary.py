@@ -71,7 +71,7 @@ def test_plan_prints_plan_diffs_against_the_installed_files_and_changes_nothing(
              r"|Record what runs now")
     switch_steps = [t for t in statuses if re.search(steps, t)]
     assert not [t for t in switch_steps if "changed" in statuses[t]], {t: statuses[t] for t in switch_steps}
-    plan = [t for t in statuses if t.startswith("sglang_deploy : Plan the switch (")]
+    plan = [t for t in statuses if t.startswith("sgdeploy.host.sglang_deploy : Plan the switch (")]
     assert len(plan) == 1 and "changed" in statuses[plan[0]], (plan, out[-3000:])
     # Nothing changed: the same files, the same process, no lock left.
     assert lab.ssh("lab1", HOST_FILES).stdout == before
