@@ -509,6 +509,43 @@ def build(
     return BuildResult(**result, sha256=sha, built=True)
 
 
+def build_features(
+    features: Sequence[str],
+    python: str = DEFAULT_PYTHON,
+    out: Path = DEFAULT_OUT,
+    downloads: Path = DEFAULT_DOWNLOADS,
+    index_url: str | None = None,
+    log: Callable[[str], None] = print,
+    patches_dir: Path = DEFAULT_PATCHES_DIR,
+    pins_path: Path = DEFAULT_PINS,
+) -> BuildResult:
+    """Build (or find) the wheel of a set of patch features for Python `python`: any feature builds the
+    patched series, none the pristine wheel (label `stock`). Raises UsageError (an unknown feature or
+    Python), BuildError or PatchSetError."""
+    pins = load_pins(pins_path)
+    pins.for_python(python)
+    unknown = [f for f in features if f not in patchset.FEATURES]
+    if unknown:
+        allowed = ", ".join(patchset.FEATURES)
+        raise UsageError(f"unknown patch feature {unknown[0]!r} (allowed: {allowed})")
+    patches: list[Patch] = patchset.load(patches_dir).select(features) if features else []  # stock: no series
+    return build(patches, python, out, downloads, index_url, pins, log)
+
+
+def build_for(
+    config: str | Path,
+    python: str = DEFAULT_PYTHON,
+    index_url: str | None = None,
+    log: Callable[[str], None] = print,
+) -> BuildResult:
+    """Build (or find) the wheel of a config's patch set for Python `python`: what
+    `sgdeploy wheel --config CONFIG --python X.Y --json` prints, in-process (the collection's action
+    plugin sgdeploy.host.controller_wheel calls this). `config` is a name in configs/ or a file's path
+    (a relative one from the current directory). Raises UsageError, BuildError or PatchSetError, each
+    with a one-line message."""
+    return build_features(_features_from_config(str(config)), python, index_url=index_url, log=log)
+
+
 # --------------------------------------------------------------------------------------------------
 # Command line
 
@@ -554,21 +591,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.config is not None:
             features: Sequence[str] = _features_from_config(args.config)
-        elif args.features is not None:
-            features = _split(args.features)
         else:
-            features = ()
-        pins = load_pins(args.pins)
-        pins.for_python(args.python)
-        unknown = [f for f in features if f not in patchset.FEATURES]
-        if unknown:
-            allowed = ", ".join(patchset.FEATURES)
-            raise UsageError(f"unknown patch feature {unknown[0]!r} (allowed: {allowed})")
-        if not features:
-            patches: list[Patch] = []  # stock: no series needed
-        else:
-            patches = patchset.load(args.patches_dir).select(features)
-        result = build(patches, args.python, args.out, args.downloads, args.index_url, pins, say)
+            features = _split(args.features or "")
+        result = build_features(features, args.python, args.out, args.downloads, args.index_url, say,
+                                patches_dir=args.patches_dir, pins_path=args.pins)
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

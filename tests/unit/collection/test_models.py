@@ -105,13 +105,14 @@ def test_host_steps_are_collection_modules_without_pythonpath_or_environment():
         assert "environment" not in t, (fname, t.get("name"))  # the token went through one (issue 19)
         text = json.dumps(t)
         assert "PYTHONPATH" not in text and "tools_dir" not in text, (fname, t.get("name"))
-        if "ansible.builtin.command" in t:
-            # The one command left packs a controller folder on the controller.
+        assert "ansible.builtin.command" not in t, (fname, t.get("name"))  # the pack is an action plugin now
+        if "sgdeploy.host.controller_model_pack" in t:  # it packs a controller folder on the controller
             assert t.get("delegate_to") == "localhost", (fname, t.get("name"))
     used = {k for _f, t in tasks for k in t if k.startswith("sgdeploy.host.")}
     assert used == {"sgdeploy.host.sglang_model_plan", "sgdeploy.host.sglang_model_token",
                     "sgdeploy.host.sglang_model_fetch", "sgdeploy.host.sglang_model_fetch_progress",
-                    "sgdeploy.host.sglang_model_finish", "sgdeploy.host.sglang_model_prune"}
+                    "sgdeploy.host.sglang_model_finish", "sgdeploy.host.sglang_model_prune",
+                    "sgdeploy.host.controller_model_pack"}
     for name in used:
         assert (COLLECTION / "plugins" / "modules" / f"{name.split('.')[-1]}.py").is_file()
     assert "collections_path = ./collections" in (REPO / "ansible.cfg").read_text()
