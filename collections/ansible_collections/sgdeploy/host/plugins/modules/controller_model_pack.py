@@ -16,7 +16,7 @@ description:
   - The role sglang_models then unpacks it on the host with M(ansible.builtin.unarchive) and checks the digest.
   - The controller's Python must import sgdeploy (the project's virtualenv, as make deploy runs it).
 version_added: 0.1.0
-author: sgdeploy maintainers
+author: sgdeploy contributors (@sgdeploy)
 options:
   src:
     description: The model folder on the controller.

@@ -20,7 +20,7 @@ description:
     C(sgdeploy.wheel.build_for)).
   - The controller's Python must import sgdeploy (the project's virtualenv, as make deploy runs it).
 version_added: 0.1.0
-author: sgdeploy maintainers
+author: sgdeploy contributors (@sgdeploy)
 options:
   config:
     description: A config name (configs/NAME.yml) or the path of a config's .yml file (relative to O(chdir)).
