@@ -20,6 +20,7 @@ results.md and sweep.png (see docs/sweep.md).
 from __future__ import annotations
 
 import argparse
+import configparser
 import copy
 import json
 import os
@@ -30,10 +31,12 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import ansible_runner
 import yaml
 
 from sgdeploy import bench, gate, records, report, serving, spec, tunnel
@@ -42,6 +45,9 @@ REPO_ROOT = spec.REPO_ROOT
 BUILD_DIR = REPO_ROOT / "build" / "sweeps"
 PLAYBOOK = REPO_ROOT / "playbooks" / "deploy.yml"
 HOST_GROUP = "gpu_hosts"
+# ansible-runner's private data dir (its artifacts: stdout, events) inside build/sweeps/<id>/, removed after each run
+RUNNER_DIR = "ansible-runner"
+ADHOC_TIMEOUT_S = 300
 
 
 class UsageError(ValueError):
@@ -277,18 +283,180 @@ class DeployResult:
     log: Path
 
 
-def failure_message(output: str) -> str:
-    """The line of an ansible-playbook run that says why it failed."""
-    text = output.replace("\\n", " ")
-    for pattern in (r"(DEPLOY (?:FAILED|REFUSED)[^\n]*)", r"(GATE FAILED[^\n]*)", r"(ERROR![^\n]*)"):
-        found = re.findall(pattern, text)
+# --------------------------------------------------------------------------------------------------
+# Ansible, through ansible-runner: its status, return code and the events of its callback, not stdout
+
+
+FAILED_EVENTS = ("runner_on_failed", "runner_on_unreachable")
+
+
+@dataclass
+class AnsibleRun:
+    """How one ansible-runner run ended: runner's status (successful, failed, timeout, canceled), Ansible's
+    return code, the events its callback sent, and its stdout (what Ansible printed, for the log and for an
+    error that stops Ansible before any task, which sends no event)."""
+
+    status: str
+    rc: int | None
+    events: list[dict]
+    stdout: str
+    command: list[str]
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "successful" and self.rc == 0
+
+    def results(self, *kinds: str) -> list[tuple[str, dict]]:
+        """(event name, event_data) of each host result of these kinds (runner_on_ok, runner_on_failed, ...),
+        leaving out failures Ansible was told to ignore."""
+        out = []
+        for event in self.events:
+            data = event.get("event_data") or {}
+            if event.get("event") in kinds and not (event.get("event") == "runner_on_failed"
+                                                    and data.get("ignore_errors")):
+                out.append((event["event"], data))
+        return out
+
+
+def _one_line(text: Any) -> str:
+    return " ".join(str(text).split())
+
+
+def reason_of(res: dict) -> str:
+    """The one-line reason of a failed result: its msg, else stderr, else the first failed loop item's."""
+    failed_items = [i for i in res.get("results") or [] if isinstance(i, dict) and i.get("failed")]
+    if failed_items:
+        return reason_of(failed_items[0])
+    for key in ("msg", "stderr", "reason", "stdout"):
+        if res.get(key):
+            return _one_line(res[key])
+    return "failed (no message)"
+
+
+def failure_message(run: AnsibleRun) -> str:
+    """Why a playbook run failed, from runner's events: the deploy role's own verdict (``DEPLOY FAILED``,
+    ``DEPLOY REFUSED``, ``GATE FAILED``, the message of its ``fail`` task), else the last task that failed or
+    the host that was unreachable; without such an event (Ansible stopped before any task) its error line."""
+    failures = []
+    for kind, data in run.results(*FAILED_EVENTS):
+        reason = reason_of(data.get("res") or {})
+        failures.append(reason if kind == "runner_on_failed" else f"{data.get('host')}: unreachable: {reason}")
+    for pattern in (r"DEPLOY (?:FAILED|REFUSED)", r"GATE FAILED"):
+        found = [f for f in failures if re.match(pattern, f)]
         if found:
-            return re.sub(r"[\s\\\"'}]+$", "", re.sub(r"\s+", " ", found[-1])).strip()
-    fatal = [line for line in text.splitlines() if line.startswith("fatal:")]
-    if fatal:
-        return fatal[-1][:400]
-    tail = [line for line in text.splitlines() if line.strip()]
-    return tail[-1][:400] if tail else "no output"
+            return found[-1]
+    if failures:
+        return failures[-1][:400]
+    if run.status == "timeout":
+        return "timed out"
+    errors = re.findall(r"((?:ERROR!|\[ERROR\]:)[^\n]*)", run.stdout)
+    if errors:
+        return errors[-1].strip()[:400]
+    tail = [line for line in run.stdout.splitlines() if line.strip()]
+    return tail[-1][:400] if tail else f"no output (ansible-runner: {run.status}, exit {run.rc})"
+
+
+def adhoc_detail(run: AnsibleRun, host: str) -> str:
+    """One line of what an ad-hoc run said of the host, in the shape of ``ansible -o``: ``HOST | FAILED | rc=1 |
+    (stdout) ...``, ``HOST | FAILED! => msg``, ``HOST | UNREACHABLE!: msg``; else Ansible's error line."""
+    for kind, data in run.results(*FAILED_EVENTS):
+        res = data.get("res") or {}
+        name = data.get("host") or host
+        if kind == "runner_on_unreachable":
+            return f"{name} | UNREACHABLE!: {reason_of(res)}"[:300]
+        if "rc" in res:
+            line = f"{name} | FAILED | rc={res['rc']} | (stdout) {_one_line(res.get('stdout') or '')}"
+            if res.get("stderr"):
+                line += f" (stderr) {_one_line(res['stderr'])}"
+            return line[:300]
+        return f"{name} | FAILED! => {reason_of(res)}"[:300]
+    if run.status == "timeout":
+        return f"{host}: no answer in {ADHOC_TIMEOUT_S} s"
+    return failure_message(run)[:300]
+
+
+def _ansible_cfg() -> Path | None:
+    """The ansible.cfg Ansible reads when run from the repository (``ANSIBLE_CONFIG`` first)."""
+    path = Path(os.environ.get("ANSIBLE_CONFIG") or REPO_ROOT / "ansible.cfg")
+    return path if path.is_file() else None
+
+
+def runner_env(playbook: bool) -> dict[str, str]:
+    """What ansible-runner adds to the environment so that Ansible runs as it does from the repository: its
+    ansible.cfg (an ad-hoc run's working folder is runner's), the project's stdout callback under runner's
+    (``ORIGINAL_STDOUT_CALLBACK``: the deploy logs read as ``make deploy`` prints), and no colour codes
+    (runner gives Ansible a terminal); the Ansible beside this Python first, as ``_bin`` picks it."""
+    env: dict[str, str] = {}
+    here = Path(sys.executable).parent
+    if (here / "ansible-playbook").exists():
+        env["PATH"] = os.pathsep.join([str(here), os.environ.get("PATH", "")])
+    cfg = _ansible_cfg()
+    if cfg is not None:
+        env["ANSIBLE_CONFIG"] = str(cfg)
+    if playbook and not os.environ.get("ANSIBLE_STDOUT_CALLBACK") and cfg is not None:
+        parser = configparser.ConfigParser(interpolation=None, strict=False)
+        try:
+            parser.read(cfg)
+            callback = parser.get("defaults", "stdout_callback", fallback=None)
+        except configparser.Error:
+            callback = None
+        if callback:
+            env["ANSIBLE_STDOUT_CALLBACK"] = callback.strip()
+    if not os.environ.get("ANSIBLE_FORCE_COLOR"):
+        env.setdefault("ANSIBLE_NOCOLOR", os.environ.get("ANSIBLE_NOCOLOR") or "1")
+    return env
+
+
+def run_ansible(private_dir: Path, ident: str, *, log: Path | None = None, timeout: float | None = None,
+                cancel: Callable[[], bool] | None = None, extra_args: list[str] | None = None,
+                **kwargs: Any) -> AnsibleRun:
+    """One ``ansible_runner.run`` (a playbook, or an ad-hoc module) with its artifacts in
+    ``private_dir/artifacts/<ident>``, removed afterwards. ``log`` gets the command, then Ansible's output as
+    it comes (from the events), then all of it. ``cancel``, asked about every 5 s (runner's pexpect_timeout),
+    stops the run when it returns True; without it nothing cancels a run. Always a cancel callback: without
+    one, runner installs its own SIGINT/SIGTERM handlers, which would take the sweep's."""
+    private_dir.mkdir(parents=True, exist_ok=True)
+    events: list[dict] = []
+    command: list[str] = []
+    out = open(log, "w") if log is not None else None  # closed in finally
+    if out is not None and log is not None:
+        os.chmod(log, report.FILE_MODE)  # the report's files share one mode
+
+    def on_status(data: dict, runner_config: Any = None) -> None:
+        if data.get("status") == "starting":
+            command[:] = [str(c) for c in data.get("command") or []]
+            if out is not None:
+                out.write("$ " + shlex.join(command) + "\n")
+                out.flush()
+
+    def on_event(event: dict) -> bool:
+        events.append(event)
+        if out is not None and event.get("stdout"):
+            out.write(event["stdout"] + "\n")
+            out.flush()
+        return True
+
+    playbook = "playbook" in kwargs
+    try:
+        runner = ansible_runner.run(
+            private_data_dir=str(private_dir), ident=ident, project_dir=str(REPO_ROOT), quiet=True,
+            envvars=runner_env(playbook), cmdline=shlex.join(extra_args) if extra_args else None,
+            event_handler=on_event, status_handler=on_status, cancel_callback=cancel or (lambda: False),
+            timeout=timeout, suppress_env_files=True, fact_cache_type="memory", **kwargs)
+        try:
+            with runner.stdout as f:
+                stdout = f.read().replace("\r\n", "\n")  # Ansible wrote to a terminal (runner's pty)
+        except Exception:  # no stdout file: Ansible never started
+            stdout = ""
+        if out is not None and stdout:
+            out.seek(0)
+            out.truncate()
+            out.write("$ " + shlex.join(command) + "\n" + stdout)
+        return AnsibleRun(str(runner.status), runner.rc, events, stdout, command)
+    finally:
+        if out is not None:
+            out.close()
+        shutil.rmtree(private_dir / "artifacts" / ident, ignore_errors=True)
 
 
 @dataclass
@@ -310,6 +478,8 @@ class Sweep:
     extra_vars: list[str] = field(default_factory=list)
     rows: list[dict] = field(default_factory=list)
     deployed: list[Variant] = field(default_factory=list)
+    signals: Signals | None = None
+    _runs: int = 0
 
     # ---- output
     def say(self, line: str) -> None:
@@ -328,18 +498,42 @@ class Sweep:
     def state_dir(self) -> str:
         return str(self.hostvars.get("sglang_deploy_state_dir") or "/var/lib/sglang-deploy")
 
-    def adhoc(self, module: str, args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-        """One ad-hoc ``ansible`` call on the host: the inventory's SSH settings, user and privilege
-        escalation (``ansible_become``) apply as in the deploy, and so do the sweep's ``-e`` vars."""
-        cmd = [_bin("ansible"), "-i", str(self.inventory), self.host, "-o", "-m", module, "-a", args]
-        for extra in self.extra_vars:
-            cmd += ["-e", extra]
+    @property
+    def runner_dir(self) -> Path:
+        """ansible-runner's private data dir for this sweep (its artifacts); removed when the sweep ends."""
+        return BUILD_DIR / self.sweep_id / RUNNER_DIR
+
+    def ansible(self, what: str, *, cancellable: bool = False, log: Path | None = None, timeout: float | None = None,
+                **kwargs: Any) -> AnsibleRun:
+        """One Ansible run through ansible-runner on this host: the inventory's SSH settings, user and privilege
+        escalation (``ansible_become``) apply as in a deploy, and so do the sweep's ``-e`` vars (on the command
+        line, before the sweep's own). A signal meanwhile never interrupts Python inside runner (Ansible would
+        be left running): it is noted; a ``cancellable`` run (a read-only one) is then stopped and the signal
+        raised as KeyboardInterrupt, any other run finishes first (a deploy is a transaction)."""
+        self._runs += 1
+        protect = self.signals
+        was = protect.raising if protect else False
+        if protect:
+            protect.raising = False
+
+        def cancel() -> bool:
+            return bool(cancellable and protect and protect.received)
+
+        extra = [arg for value in self.extra_vars for arg in ("-e", value)]
         try:
-            return subprocess.run(cmd, capture_output=True, text=True, cwd=REPO_ROOT, stdin=subprocess.DEVNULL,
-                                  check=False, timeout=timeout)
-        except subprocess.TimeoutExpired:
-            return subprocess.CompletedProcess(cmd, 124, "", f"ansible {module} on {self.host}: no answer in "
-                                                             f"{timeout:.0f} s")
+            result = run_ansible(self.runner_dir, f"{self._runs:02d}-{what}", log=log, timeout=timeout,
+                                 cancel=cancel, extra_args=extra, inventory=str(self.inventory), **kwargs)
+        finally:
+            if protect:
+                protect.raising = was and protect.received is None
+        if protect and protect.received and cancellable and was:
+            raise KeyboardInterrupt(protect.received)
+        return result
+
+    def adhoc(self, module: str, args: dict, cancellable: bool = False) -> AnsibleRun:
+        """One ad-hoc module on the host (ansible-runner's module/module_args/host_pattern)."""
+        return self.ansible(module.rsplit(".", 1)[-1], cancellable=cancellable, timeout=ADHOC_TIMEOUT_S,
+                            module=module, module_args=json.dumps(args), host_pattern=self.host)
 
     @property
     def bind(self) -> str:
@@ -350,15 +544,12 @@ class Sweep:
     def running_before(self) -> list[str]:
         """Configs active on the host now that a variant would replace (same GPU, or same address and port)."""
         # The status module of the deploy (read-only), as an ad-hoc call: nothing of sgdeploy is on the host.
-        proc = self.adhoc("sgdeploy.host.sglang_deploy_status", json.dumps({"state_dir": self.state_dir}))
-        _, arrow, rest = proc.stdout.partition("=> ")
-        try:
-            deployed = json.loads(rest)["deployed"] if arrow and proc.returncode == 0 else None
-        except (ValueError, KeyError, TypeError):
-            deployed = None
+        run = self.adhoc("sgdeploy.host.sglang_deploy_status", {"state_dir": self.state_dir}, cancellable=True)
+        found = [data.get("res") or {} for _, data in run.results("runner_on_ok") if data.get("host") == self.host]
+        deployed = found[-1].get("deployed") if found and run.ok else None
         if not isinstance(deployed, list):
             raise tunnel.TunnelError(f"{self.host}: reading what runs there (sgdeploy.host.sglang_deploy_status) "
-                                     f"exited {proc.returncode}: {(proc.stderr or proc.stdout).strip()[:300]}")
+                                     f"exited {run.rc}: {adhoc_detail(run, self.host)}")
         sv = self.base.serving
         clash = []
         for d in deployed:
@@ -371,30 +562,15 @@ class Sweep:
         return clash
 
     def deploy(self, config: str | Path, gate_mode: str, log: Path, protect: Signals) -> DeployResult:
-        """Run the deploy playbook for one host; a signal waits for it (a deploy is a transaction)."""
+        """Run the deploy playbook for one host; a signal waits for it (a deploy is a transaction). Runner runs
+        Ansible in its own session (a terminal): Ctrl-C there reaches the sweep, not the deploy halfway through."""
         log.parent.mkdir(parents=True, exist_ok=True)
-        cmd = [_bin("ansible-playbook"), "-i", str(self.inventory), str(PLAYBOOK), "-e", f"config={config}",
-               "-e", f"sglang_deploy_gate_mode={gate_mode}", "--limit", self.host]
-        for extra in self.extra_vars:
-            cmd += ["-e", extra]
+        self.signals = self.signals or protect
         start = time.monotonic()
-        was = protect.raising
-        protect.raising = False
-        try:
-            with open(log, "w") as f:
-                os.chmod(log, report.FILE_MODE)  # the report's files share one mode
-                f.write("$ " + " ".join(cmd) + "\n")
-                f.flush()
-                # Its own session: Ctrl-C in the terminal reaches the sweep, not the deploy halfway through.
-                proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                        cwd=REPO_ROOT, start_new_session=True)
-                rc = proc.wait()
-        finally:
-            protect.raising = was and protect.received is None
+        result = self.ansible(f"deploy-{Path(str(config)).stem}", log=log, playbook=str(PLAYBOOK), limit=self.host,
+                              extravars={"config": str(config), "sglang_deploy_gate_mode": gate_mode})
         seconds = time.monotonic() - start
-        output = log.read_text(errors="replace")
-        ok = rc == 0
-        return DeployResult(ok, round(seconds, 1), "" if ok else failure_message(output), log)
+        return DeployResult(result.ok, round(seconds, 1), "" if result.ok else failure_message(result), log)
 
     # ---- measure
     def thresholds(self) -> gate.GateThresholds:
@@ -514,15 +690,16 @@ class Sweep:
                   f"for d in {folders}; do rm -f -- \"$d/current.json\" || rc=1; done; "
                   f"for u in {units}; do if systemctl is-active --quiet -- \"$u\"; then echo \"$u is still active\"; "
                   "rc=1; fi; done; exit $rc")
-        proc = self.adhoc("ansible.builtin.shell", json.dumps({"cmd": script}))
-        if proc.returncode != 0:
-            return f"stopping the variant units failed (ansible exit {proc.returncode}): {adhoc_detail(proc)}"
+        run = self.adhoc("ansible.builtin.shell", {"cmd": script})
+        if not run.ok:
+            return f"stopping the variant units failed (ansible exit {run.rc}): {adhoc_detail(run, self.host)}"
         return None
 
     # ---- the whole run
     def run(self) -> tuple[int, dict]:
         protect = Signals(self.say)
         protect.install()
+        self.signals = protect
         started = report_time()
         interrupted = False
         crashed: str | None = None
@@ -532,6 +709,7 @@ class Sweep:
                 before = self.running_before()
             except tunnel.TunnelError as exc:
                 protect.uninstall()
+                shutil.rmtree(self.runner_dir, ignore_errors=True)
                 self.say(f"sweep: cannot read what runs on {self.host}: {exc}; nothing was deployed")
                 return 1, {}
             self.say(f"sweep {self.sweep_id}: {len(self.variants)} variants of {self.base.name} on {self.host}; "
@@ -578,6 +756,7 @@ class Sweep:
         restore = self.restore(before, protect)
         interrupted = interrupted or protect.received is not None
         protect.uninstall()
+        shutil.rmtree(self.runner_dir, ignore_errors=True)
         results = report.build_results(
             config=self.base.name, host=self.host, started=started, finished=report_time(), variants=self.rows,
             cliff_drop=self.cliff_drop, tie_tolerance=self.tie_tolerance,
@@ -598,16 +777,6 @@ class Sweep:
         if results["best"] is None:
             return 3, results  # measured, but no variant qualifies (the recommendation says why)
         return 0, results
-
-
-def adhoc_detail(proc: subprocess.CompletedProcess) -> str:
-    """One line of what an ad-hoc ``ansible -o`` call said: its result line (``HOST | FAILED | rc=1 |
-    (stdout) ...``), else the last line of stderr that is not a warning."""
-    lines = [line.strip() for line in proc.stdout.splitlines() if line.strip()]
-    if not lines:
-        lines = [line.strip() for line in proc.stderr.splitlines()
-                 if line.strip() and not line.lstrip().startswith(("[WARNING]", "[DEPRECATION WARNING]"))][-1:]
-    return (lines[0] if lines else "no output")[:300]
 
 
 def restore_target(name: str, base: spec.Config) -> Path | None:

@@ -587,6 +587,44 @@ def write_inventory(lab: Lab) -> None:
     tmp.rename(lab.inventory)
 
 
+DEPLOYER = "deployer"
+DEPLOYER_SUDO_LOG = "/var/log/sudo-deployer.log"
+
+
+def deployer_inventory_path(lab: Lab) -> Path:
+    return lab.inventory.with_name(f"{lab.inventory.stem}-{DEPLOYER}{lab.inventory.suffix}")
+
+
+def add_deployer(lab: Lab) -> Path:
+    """Opt in (tests that prove become): on every host a non-root ``deployer`` user with the lab's SSH key
+    and passwordless sudo (logged to /var/log/sudo-deployer.log), and an inventory beside the lab's,
+    ``<inventory>-deployer.yml``, that connects as it with ``ansible_become: true`` (inventory/example.yml's
+    ``ansible_user: ubuntu`` shape). Idempotent; ``lab.py down`` removes the hosts and both inventories.
+    Returns the inventory's path."""
+    script = (
+        f"set -e; id -u {DEPLOYER} >/dev/null 2>&1 || useradd -m -s /bin/bash {DEPLOYER}; "
+        f"install -d -m 700 -o {DEPLOYER} -g {DEPLOYER} /home/{DEPLOYER}/.ssh; "
+        f"install -m 600 -o {DEPLOYER} -g {DEPLOYER} /root/.ssh/authorized_keys /home/{DEPLOYER}/.ssh/authorized_keys; "
+        f"printf '%s\\n' '{DEPLOYER} ALL=(ALL) NOPASSWD: ALL' 'Defaults:{DEPLOYER} logfile={DEPLOYER_SUDO_LOG}' "
+        f"> /etc/sudoers.d/90-lab-{DEPLOYER}.tmp; chmod 440 /etc/sudoers.d/90-lab-{DEPLOYER}.tmp; "
+        f"visudo -cqf /etc/sudoers.d/90-lab-{DEPLOYER}.tmp; "
+        f"mv /etc/sudoers.d/90-lab-{DEPLOYER}.tmp /etc/sudoers.d/90-lab-{DEPLOYER}"
+    )
+    for host in lab.hosts:
+        proc = ssh_cmd(lab, host, script, timeout=60)
+        if proc.returncode != 0:
+            raise LabError(f"{host.name}: adding the {DEPLOYER} user failed: {(proc.stderr or proc.stdout).strip()}")
+    text = lab.inventory.read_text()
+    root_user = "          ansible_user: root\n"
+    if text.count(root_user) != len(lab.hosts):
+        raise LabError(f"{lab.inventory}: expected one 'ansible_user: root' per host")
+    path = deployer_inventory_path(lab)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text.replace(root_user, f"          ansible_user: {DEPLOYER}\n          ansible_become: true\n"))
+    tmp.rename(path)
+    return path
+
+
 def up(lab: Lab) -> int:
     if os.geteuid() != 0:
         raise LabError("lab.py up needs root (systemd-nspawn, debootstrap)", 1)
@@ -788,6 +826,7 @@ def down(lab: Lab) -> int:
         if hosts_dir.exists():
             shutil.rmtree(hosts_dir)
         lab.inventory.unlink(missing_ok=True)
+        deployer_inventory_path(lab).unlink(missing_ok=True)
         if lab.dir.exists():
             stop_hub(lab)
     names = ", ".join(d.name for d in dirs) or "no hosts"

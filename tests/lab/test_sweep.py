@@ -9,6 +9,11 @@ depending on the load), then gated and benchmarked with 4 (8 with forking) reque
 enough that budget 32's extra accepted tokens show up as fewer verify steps; at 96 tokens budgets 15 to
 64 all need 7). 8-9 minutes in all on a busy 2-core machine.
 
+The second sweep connects as a non-root user with privilege escalation (``lab.add_deployer``: ``deployer``
+with passwordless sudo, ``ansible_become: true``, the shape of inventory/example.yml) and so proves that the
+sweep's host changes (its deploys, the tunnel, the cleanup that disables the variant units and forgets their
+current.json in the root-owned state folder) go through Ansible with become (issue 35).
+
 The engine is the simulator (tests/sim): its numbers prove the plumbing (deploys, gates, report,
 restore), not how SGLang behaves.
 """
@@ -23,6 +28,7 @@ import sys
 import time
 from pathlib import Path
 
+import lab as labmod
 import pytest
 
 pytestmark = pytest.mark.lab
@@ -50,10 +56,17 @@ def before_running(lab):
     return lab
 
 
-def run_sweep(lab, tmp_path, config: str, budgets: str, *options: str,
-              requests: int = 4) -> tuple[subprocess.CompletedProcess, dict, float]:
+@pytest.fixture
+def deployer_inventory(lab) -> Path:
+    """The lab's inventory as the non-root ``deployer`` with ``ansible_become: true`` (lab.add_deployer)."""
+    return labmod.add_deployer(lab.config)
+
+
+def run_sweep(lab, tmp_path, config: str, budgets: str, *options: str, requests: int = 4,
+              inventory: Path | None = None) -> tuple[subprocess.CompletedProcess, dict, float]:
     cmd = [sys.executable, "-m", "sgdeploy.sweep", "--config", config, "--budgets", budgets,
-           "--inventory", str(lab.inventory), "--host", "lab1", "--out", str(tmp_path), "--requests", str(requests),
+           "--inventory", str(inventory or lab.inventory), "--host", "lab1", "--out", str(tmp_path),
+           "--requests", str(requests),
            "--max-tokens", "512", "--json", *options, *EXTRA]
     start = time.monotonic()
     proc = subprocess.run(cmd, cwd=REPO, env=lab.ansible_env(), text=True, capture_output=True, timeout=900,
@@ -144,12 +157,17 @@ def test_sweep_without_state_forking_never_recommends_a_leaking_budget(before_ru
     check_restored(lab, results)
 
 
-def test_sweep_with_state_forking_finds_no_cliff_and_recommends_the_largest_budget(before_running, tmp_path):
+def test_sweep_with_state_forking_finds_no_cliff_and_recommends_the_largest_budget(before_running, tmp_path,
+                                                                                   deployer_inventory):
     lab = before_running
+    sudo_log = labmod.DEPLOYER_SUDO_LOG
+    lab.ssh("lab1", f"rm -f {sudo_log}")
+    # As deployer with become (the sweep's deploys, its tunnel and its cleanup); the checks below run as root.
     # 8 requests and a 5% tie band: this lab shares two cores with another lab running deploys, and a
     # variant's bench lasts a few seconds, so load changes between variants move tokens/s by a few
     # percent (the default band, 3%, is for a GPU host; tests/unit/tool/test_report.py checks it exactly).
-    proc, results, _ = run_sweep(lab, tmp_path, "ddtree-b15", "15 32 64", "--tie-tolerance", "0.05", requests=8)
+    proc, results, _ = run_sweep(lab, tmp_path, "ddtree-b15", "15 32 64", "--tie-tolerance", "0.05", requests=8,
+                                 inventory=deployer_inventory)
     rows = {v["budget"]: v for v in results["variants"]}
     assert results["cliff"] is None and results["warning"] is None
     assert results["recommendation"].startswith("no acceptance cliff up to budget 64")
@@ -169,3 +187,11 @@ def test_sweep_with_state_forking_finds_no_cliff_and_recommends_the_largest_budg
     assert [v["leaks"] for v in results["variants"]] == [False, False, False]
     check_report(tmp_path, results, "ddtree-b15", [15, 32, 64], requests=8)
     check_restored(lab, results)
+    # The cleanup (exit 0 needs it: it fails on any step) forgot every variant's current.json in the root-owned
+    # state folder, which deployer cannot write without become; and deployer did escalate, through sudo.
+    for v in results["variants"]:
+        current = f"/var/lib/sglang-deploy/{v['config']}/current.json"
+        assert lab.ssh("lab1", f"test -e {current}", check=False).returncode == 1, current
+    assert lab.ssh("lab1", "stat -c %U /var/lib/sglang-deploy").stdout.strip() == "root"
+    escalations = lab.ssh("lab1", f"cat {sudo_log}").stdout
+    assert "deployer : " in escalations and "USER=root" in escalations

@@ -11,7 +11,6 @@ import contextlib
 import json
 import os
 import signal
-import subprocess
 import types
 from pathlib import Path
 
@@ -442,59 +441,3 @@ def test_no_qualifying_variant_says_no_variant_recommended_and_exits_3(tmp_path,
     assert "recommendation: no variant recommended: no measured variant qualifies" in out
     assert fake.calls[-2:] == [("deploy", "ddtree-b15", "full"), ("cleanup", False)]  # still restored
     assert "no variant recommended" in (s.report_dir / "results.md").read_text()
-
-
-def become_inventory(tmp_path) -> Path:
-    inv = tmp_path / "prod.yml"
-    inv.write_text(yaml.safe_dump({"all": {"children": {"gpu_hosts": {
-        "hosts": {"gpu-01": {"ansible_host": "10.0.0.11", "gpu_count": 8}},
-        "vars": {"ansible_user": "ubuntu", "ansible_become": True, "ansible_port": 2222,
-                 "sglang_deploy_state_dir": "/srv/sglang-deploy"}}}}}))
-    return inv
-
-
-def test_the_cleanup_runs_through_ansible_with_the_inventorys_become_and_state_dir(tmp_path, monkeypatch):
-    """ansible_user: ubuntu + ansible_become: true (inventory/example.yml): the cleanup must run as the deploy
-    does, through Ansible (which applies become and the SSH settings), never as the bare SSH user."""
-    monkeypatch.setattr(sweep, "BUILD_DIR", tmp_path / "build")
-    inv = become_inventory(tmp_path)
-    args = sweep.build_parser().parse_args(["--config", "ddtree-b15-nofork", "--budgets", "15 16", "--inventory",
-                                            str(inv), "--out", str(tmp_path / "r"), "-e", "ansible_become_method=sudo"])
-    s = sweep.prepare(args)
-    s.deployed = list(s.variants)
-
-    def no_bare_ssh(*a, **k):
-        raise AssertionError("the cleanup ran over a bare SSH connection (no become)")
-
-    calls = []
-
-    def run(cmd, **kw):
-        calls.append(cmd)
-        return subprocess.CompletedProcess(cmd, 0, "gpu-01 | CHANGED | rc=0 | (stdout) ", "")
-
-    monkeypatch.setattr(tunnel, "run", no_bare_ssh)
-    monkeypatch.setattr(sweep.subprocess, "run", run)
-    assert s.cleanup_variants(stop=True) is None
-    (cmd,) = calls
-    assert Path(cmd[0]).name == "ansible" and cmd[1:4] == ["-i", str(inv.resolve()), "gpu-01"]
-    assert cmd[cmd.index("-m") + 1] == "ansible.builtin.shell"
-    assert cmd[-2:] == ["-e", "ansible_become_method=sudo"]
-    script = json.loads(cmd[cmd.index("-a") + 1])["cmd"]
-    assert "systemctl disable --now --quiet" in script
-    assert "sglang-ddtree-b15-nofork-b15-k8.service sglang-ddtree-b15-nofork-b16-k8.service" in script
-    assert "/srv/sglang-deploy/ddtree-b15-nofork-b16-k8" in script and "/var/lib/sglang-deploy" not in script
-    assert "/etc/systemd/system" not in script  # the unit is asked of systemd, wherever it lives
-
-
-def test_a_failed_cleanup_is_one_line_naming_the_host_result(tmp_path, monkeypatch):
-    monkeypatch.setattr(sweep, "BUILD_DIR", tmp_path / "build")
-    args = sweep.build_parser().parse_args(["--config", "ddtree-b15", "--budgets", "32", "--inventory",
-                                            str(become_inventory(tmp_path)), "--out", str(tmp_path / "r")])
-    s = sweep.prepare(args)
-    s.deployed = list(s.variants)
-    monkeypatch.setattr(tunnel, "run", lambda *a, **k: (0, "", ""))
-    monkeypatch.setattr(sweep.subprocess, "run", lambda cmd, **kw: subprocess.CompletedProcess(
-        cmd, 2, "gpu-01 | FAILED | rc=1 | (stdout) sglang-ddtree-b15-b32-k8.service is still active\n",
-        "[WARNING]: something\n"))
-    assert s.cleanup_variants(stop=True) == ("stopping the variant units failed (ansible exit 2): gpu-01 | FAILED | "
-                                            "rc=1 | (stdout) sglang-ddtree-b15-b32-k8.service is still active")
