@@ -1,7 +1,8 @@
 """Plain-Python reference for the DDTree draft-tree builder.
 
 This is the specification that the GPU builder in the patched SGLang
-(``sglang/srt/speculative/ddtree_tree.py``) is tested against. It has no
+(``sglang/srt/speculative/ddtree_tree.py``, its kernels in
+``sglang/kernels/ops/speculative/ddtree/tree.py``) is tested against. It has no
 dependencies beyond the standard library.
 
 Inputs per request: for each draft depth d = 1..D the top-K log-probabilities

@@ -13,8 +13,10 @@ import pathlib
 import torch
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
-REL = "sglang/srt/speculative/fused_depth_topk.py"
+REL = "sglang/kernels/ops/speculative/ddtree/fused_depth_topk.py"
 KERNEL_FILE = REPO / "patches" / "sglang" / "src" / REL
+# The host side that dispatches to it (patch 0001, 0003).
+DDTREE_TOPK_FILE = REPO / "patches" / "sglang" / "src" / "sglang/srt/speculative/ddtree_topk.py"
 
 # Tolerances (absolute, in nats).
 LP_TOL = 1e-3  # log-probabilities vs float64 (bf16 inputs, fp32 accumulation over H=5120)

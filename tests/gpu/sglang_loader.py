@@ -63,18 +63,41 @@ def _ensure_common_stub() -> None:
     sys.modules["sglang.srt.utils"].common = stub
 
 
-def load_module(roots, dotted: str):
-    """Import ``dotted`` (e.g. ``sglang.srt.speculative.ddtree_tree``) from ``roots`` (a folder
-    holding ``sglang/``, or several, searched in order)."""
-    roots = [Path(r).resolve() for r in ([roots] if isinstance(roots, (str, os.PathLike)) else roots)]
-    parts = dotted.split(".")
-    for i in range(1, len(parts)):
+def series_packages(src_root=None) -> list[str]:
+    """Every package that holds a file of the series (``src_root``, default ``SRC_ROOT``), parents first:
+    ``sglang.srt.speculative``, ``sglang.kernels.ops.speculative.ddtree``, ..."""
+    root = Path(src_root or SRC_ROOT)
+    names = set()
+    for path in root.rglob("*.py"):
+        parts = path.relative_to(root).parent.parts
+        names.update(".".join(parts[:i]) for i in range(1, len(parts) + 1))
+    return sorted(names, key=lambda n: (n.count("."), n))
+
+
+def _ensure_chain(roots, parts, required: bool) -> None:
+    for i in range(1, len(parts) + 1):
         pkg = ".".join(parts[:i])
         folders = [r.joinpath(*parts[:i]) for r in roots if r.joinpath(*parts[:i]).is_dir()]
         if not folders:
+            if not required:
+                return
             raise FileNotFoundError(f"package {pkg} not found under {', '.join(map(str, roots))}")
         for folder in folders:
             _ensure_package(pkg, folder)
+
+
+def load_module(roots, dotted: str):
+    """Import ``dotted`` (e.g. ``sglang.srt.speculative.ddtree_tree``) from ``roots`` (a folder
+    holding ``sglang/``, or several, searched in order).
+
+    The packages of the series' files (``series_packages``) are set up over every root first, so a
+    module of one series package imports one of another (the host side in ``sglang.srt.speculative``
+    imports its kernels from ``sglang.kernels.ops.speculative.ddtree``) from src/ as well as from the
+    unpacked tree, without running upstream's package ``__init__``s."""
+    roots = [Path(r).resolve() for r in ([roots] if isinstance(roots, (str, os.PathLike)) else roots)]
+    for pkg in series_packages():
+        _ensure_chain(roots, pkg.split("."), required=False)
+    _ensure_chain(roots, dotted.split(".")[:-1], required=True)
     for r in roots:
         if (r / "sglang" / "srt" / "utils").is_dir():
             _ensure_package("sglang.srt", r / "sglang" / "srt")

@@ -6,7 +6,7 @@ as its epilogue (on Hopper the warp-specialised Gluon "pingpong" kernel, elsewhe
 "tma" kernel), each followed by the per-row selection (forced with config={"path": ...} where a
 test needs another one). tests/unit/series/test_fused_topk_cpu.py runs the Triton kernels on the CPU
 (Triton's interpreter) in CI; Gluon does not run there. Runs on a CUDA GPU (skipped elsewhere).
-The kernel is the series' new file patches/sglang/src/sglang/srt/speculative/fused_depth_topk.py
+The kernel is the series' new file patches/sglang/src/sglang/kernels/ops/speculative/ddtree/fused_depth_topk.py
 (or $FUSED_TOPK_FILE), imported by path, so no SGLang package __init__ runs: it needs only torch
 and triton.
 
@@ -27,7 +27,7 @@ import pytest
 torch = pytest.importorskip("torch") if __name__ != "__main__" else __import__("torch")
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from fused_topk_ref import KERNEL_FILE, LP_TOL, TIE_TOL, check, load_kernel_module, reference  # noqa: E402
+from fused_topk_ref import DDTREE_TOPK_FILE, LP_TOL, TIE_TOL, check, load_kernel_module, reference  # noqa: E402
 
 needs_cuda = pytest.mark.skipif(
     not (hasattr(torch, "cuda") and torch.cuda.is_available()), reason="needs a CUDA GPU"
@@ -235,14 +235,15 @@ def test_fake_tp_merge(mod, bounds, path):
 
 
 def load_patched_ddtree_topk(mod):
-    """The series' ddtree_topk.py (next to the kernel file in patches/sglang/src), imported by path
-    with `sglang.srt.speculative.fused_depth_topk` bound to the kernel module under test."""
+    """The series' ddtree_topk.py (patches/sglang/src/sglang/srt/speculative), imported by path with
+    `sglang.kernels.ops.speculative.ddtree.fused_depth_topk` bound to the kernel module under test."""
     import types
 
-    for name in ("sglang", "sglang.srt", "sglang.srt.speculative"):
+    for name in ("sglang", "sglang.kernels", "sglang.kernels.ops", "sglang.kernels.ops.speculative",
+                 "sglang.kernels.ops.speculative.ddtree"):
         sys.modules.setdefault(name, types.ModuleType(name))
-    sys.modules["sglang.srt.speculative.fused_depth_topk"] = mod
-    spec = importlib.util.spec_from_file_location("ddtree_topk_patched", KERNEL_FILE.with_name("ddtree_topk.py"))
+    sys.modules["sglang.kernels.ops.speculative.ddtree.fused_depth_topk"] = mod
+    spec = importlib.util.spec_from_file_location("ddtree_topk_patched", DDTREE_TOPK_FILE)
     dd = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(dd)
     return dd

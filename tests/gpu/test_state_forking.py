@@ -80,6 +80,8 @@ def load_sglang(root: Path = ROOT) -> dict[str, types.ModuleType]:
         "sglang.kernels.ops.attention.linear",
         "sglang.kernels.ops.mamba",
         "sglang.kernels.ops.memory",
+        "sglang.kernels.ops.speculative",  # the series' kernels (tree conv: fullsize/gdn_verify_split.py)
+        "sglang.kernels.ops.speculative.ddtree",
         "sglang.srt",
         "sglang.srt.speculative",
     ):

@@ -258,7 +258,7 @@ def interpreted_fused(rank, group, w, hidden, head, si, vocab, k) -> dict:
     tp_group: one packed all_gather along dim 0) under Triton's interpreter, in fp16 (the interpreter has no
     bf16). depth_topk_logprobs takes the fused path only for CUDA tensors, so the kernel module is called
     directly with the arguments depth_topk_logprobs passes it."""
-    kmod = load_module(ROOTS, "sglang.srt.speculative.fused_depth_topk")
+    kmod = load_module(ROOTS, "sglang.kernels.ops.speculative.ddtree.fused_depth_topk")
     w16, h16 = w.to(torch.float16), hidden.to(torch.float16)
     start, rows = int(si.org_vocab_start_index), int(si.num_org_elements)
     lp, ids = kmod.fused_depth_topk(h16, head.weight.to(torch.float16), k, vocab_size=rows, vocab_start=start,
@@ -289,7 +289,7 @@ def run_rank(rank: int, args: argparse.Namespace, port: int) -> None:
     dd = load_module(ROOTS, "sglang.srt.speculative.ddtree_topk")
     fused_calls = []
     if dev.type == "cuda":  # count the fused kernel's calls (the dispatch must take it for fused=True)
-        kmod = load_module(ROOTS, "sglang.srt.speculative.fused_depth_topk")
+        kmod = load_module(ROOTS, "sglang.kernels.ops.speculative.ddtree.fused_depth_topk")
         orig = kmod.fused_depth_topk
         kmod.fused_depth_topk = lambda *a, **kw: (fused_calls.append(1), orig(*a, **kw))[1]
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32

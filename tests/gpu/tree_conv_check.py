@@ -1,4 +1,4 @@
-"""DDTree's tree conv (patch 0004, ``ddtree_tree_conv.py``) against SGLang 0.5.23's own tree conv, bit for bit.
+"""DDTree's tree conv (patch 0004, ``kernels/ops/speculative/ddtree/tree_conv.py``) against SGLang 0.5.23's own tree conv, bit for bit.
 
 Both kernels get the same random draft trees (topological order, root 0, deep and bushy, and a
 chain), the same inputs, conv-state pool, conv windows buffer and indices (T past one 16-node tile of DDTree's kernel too); upstream's
@@ -24,14 +24,22 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import sglang_loader  # noqa: E402
 from draft_trees import links, random_parents  # noqa: E402
 
+KERNEL_MODULE = "sglang.kernels.ops.speculative.ddtree.tree_conv"  # the kernel (patch 0004's new file)
+SELECT_MODULE = "sglang.srt.speculative.ddtree_tree_conv"  # its host side: select_tree_conv
+
 
 def kernels(roots=None):
-    """(upstream conv module, DDTree's tree conv module)."""
+    """(upstream conv module, DDTree's tree conv kernel module)."""
     roots = roots or sglang_loader.ROOTS
     sglang_loader.stub_jit_utils()
     up = sglang_loader.load_module(roots, "sglang.kernels.ops.mamba.causal_conv1d_triton")
-    mine = sglang_loader.load_module(roots, "sglang.srt.speculative.ddtree_tree_conv")
+    mine = sglang_loader.load_module(roots, KERNEL_MODULE)
     return up, mine
+
+
+def selector(roots=None):
+    """The module of ``select_tree_conv`` (the switch of diff 0004)."""
+    return sglang_loader.load_module(roots or sglang_loader.ROOTS, SELECT_MODULE)
 
 
 def run_pair(up, mine, *, bs: int, T: int, dim: int, width: int, bias: bool, link_dtype, act, seed: int,
@@ -96,7 +104,7 @@ def cases(small: bool):
 def check_all(small: bool, device: str, act) -> list[dict]:
     up, mine = kernels()
     # Outside a server (no runtime context) the switch of diff 0004 gives this kernel, the default.
-    assert mine.select_tree_conv(up.causal_conv1d_update) is mine.ddtree_tree_conv1d_update
+    assert selector().select_tree_conv(up.causal_conv1d_update) is mine.ddtree_tree_conv1d_update
     return [run_pair(up, mine, act=act, device=device, **kw) for kw in cases(small)]
 
 

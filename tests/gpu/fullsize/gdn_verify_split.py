@@ -9,7 +9,7 @@ activations; ``tests/gpu/test_state_forking.py``'s problem and reference), at th
 full-size run: T = 16 (DFLASH block 16 as a chain; DDTREE 15 as a tree), 33 (DDTREE 32), 65 (DDTREE 64,
 tree and chain) and batch 1 and 6.
 
-Every tree case also runs DDTree's own tree conv (patch 0004, ``speculative/ddtree_tree_conv.py``: the parents
+Every tree case also runs DDTree's own tree conv (patch 0004, ``kernels/ops/speculative/ddtree/tree_conv.py``: the parents
 read, all nodes at once) on fresh copies of the same buffers: its conv output, conv windows and overwritten conv
 state must equal upstream's bit for bit (asserted), and it is timed the same way (``ddtree_conv_ms``; also at the
 tile widths of ``TREE_CONV_BLOCKS``); ``step_ms_48_layers_ddtree_conv`` is the step's two GDN kernels with it.
@@ -182,7 +182,7 @@ def main() -> int:
     m = tsf.load_sglang()
     import importlib
 
-    m["tree_conv"] = importlib.import_module("sglang.srt.speculative.ddtree_tree_conv")
+    m["tree_conv"] = importlib.import_module("sglang.kernels.ops.speculative.ddtree.tree_conv")
     info = {"device": torch.cuda.get_device_name(0) if tsf.DEV == "cuda" else "cpu (Triton interpreter)", "torch": torch.__version__,
             "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "shape": "Qwen3.6-27B GDN layer, TP1: H=16 HV=48 K=V=128 W=4, fp32 state, bf16 act",

@@ -1,7 +1,7 @@
 """The fused top-k kernels (feature topk), run on the CPU by Triton's interpreter (TRITON_INTERPRET=1).
 
 The GPU tests (tests/gpu/test_fused_topk.py) need the lent H200; this runs the same kernel file,
-patches/sglang/src/sglang/srt/speculative/fused_depth_topk.py, in CI at small shapes and holds it to
+patches/sglang/src/sglang/kernels/ops/speculative/ddtree/fused_depth_topk.py, in CI at small shapes and holds it to
 the same rule (tests/gpu/fused_topk_ref.py: log-probs within 1e-3 of float64, the same ids
 except ties). It covers what the selection must get right whatever the data: the top K all in
 one 128-column segment, spread one per segment, exact ties, vocabulary padding, chunks (one

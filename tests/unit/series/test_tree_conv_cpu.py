@@ -2,11 +2,11 @@
 
 The GPU check (tests/gpu/fullsize/gdn_verify_split.py, full size, bf16) needs the lent H200; this runs
 tests/gpu/tree_conv_check.py in build/cpu-venv under TRITON_INTERPRET=1 against the wheel the
-repository's series builds (upstream's ``causal_conv1d_triton.py`` from it, ``ddtree_tree_conv.py``
-from patches/sglang/src): random trees and a chain, widths 2-4, bias or none, int32 and int64
-parents, a padded row, verify widths 2-17, fp16 (the interpreter has no bf16). Every conv output,
-conv window and conv state must be equal; with the parents all read as the root (a kernel that
-ignores them) most cases must differ, so the check can fail.
+repository's series builds (upstream's ``causal_conv1d_triton.py`` from it,
+``kernels/ops/speculative/ddtree/tree_conv.py`` from patches/sglang/src): random trees and a chain,
+widths 2-4, bias or none, int32 and int64 parents, a padded row, verify widths 2-17, fp16 (the
+interpreter has no bf16). Every conv output, conv window and conv state must be equal; with the
+parents all read as the root (a kernel that ignores them) most cases must differ, so the check can fail.
 """
 
 from __future__ import annotations
@@ -24,7 +24,9 @@ pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[3]
 CHECK = REPO / "tests" / "gpu" / "tree_conv_check.py"
-KERNEL = REPO / "patches" / "sglang" / "src" / "sglang" / "srt" / "speculative" / "ddtree_tree_conv.py"
+SRC = REPO / "patches" / "sglang" / "src"
+KERNEL = SRC / "sglang" / "kernels" / "ops" / "speculative" / "ddtree" / "tree_conv.py"
+SELECT = SRC / "sglang" / "srt" / "speculative" / "ddtree_tree_conv.py"
 
 
 def _run(python, site: Path, src: Path) -> list[dict]:
@@ -77,4 +79,6 @@ def test_the_parents_reach_every_tree_conv_the_series_routes(patched_site):  # n
     assert "from sglang.srt.speculative.ddtree_tree_conv import select_tree_conv" in gdn
     assert "conv_update = select_tree_conv(causal_conv1d_update)" in gdn
     assert "mixed_qkv_processed = conv_update(" in gdn
-    assert (patched_site / "sglang/srt/speculative/ddtree_tree_conv.py").read_bytes() == KERNEL.read_bytes()
+    assert "from sglang.kernels.ops.speculative.ddtree.tree_conv import ddtree_tree_conv1d_update" in SELECT.read_text()
+    for new in (KERNEL, SELECT):  # the kernel with upstream's speculative kernels, its switch in srt/speculative
+        assert (patched_site / new.relative_to(SRC)).read_bytes() == new.read_bytes()

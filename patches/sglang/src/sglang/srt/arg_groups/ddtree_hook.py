@@ -2,7 +2,8 @@
 
 What: ``handle_ddtree`` (called by ``SpeculativeAlgorithm.handle_server_args`` for
 DDTREE only; diff 0001 of ``spec_info.py``) checks the DDTree flags, runs the DFlash
-handler for the drafter, and resolves
+handler for the drafter (``SpeculativeAlgorithm.DFLASH.handle_server_args``, the
+public entry point; no private name of ``speculative_hook.py``), and resolves
 
 - ``--speculative-ddtree-budget`` (default 15) and ``--speculative-ddtree-topk-cap``
   (default min(8, budget)), the verify width ``speculative_num_draft_tokens =
@@ -35,7 +36,6 @@ from sglang.srt.arg_groups.overrides import (
     resolved_view,
     resolving_view,
 )
-from sglang.srt.arg_groups.speculative_hook import _handle_dflash
 
 if TYPE_CHECKING:
     from sglang.srt.server_args import ServerArgs
@@ -123,7 +123,12 @@ def handle_ddtree(server_args: ServerArgs) -> None:
         declare_resolution(
             server_args, "handle_ddtree", speculative_num_draft_tokens=int(cfg.speculative_dflash_block_size)
         )
-    _handle_dflash(server_args)
+    # Upstream's DFLASH resolution, through its public entry point (the enum's handle_server_args, which
+    # dispatches DFLASH to speculative_hook's private _handle_dflash): imported here, as spec_info imports
+    # this module inside DDTREE's branch.
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    SpeculativeAlgorithm.DFLASH.handle_server_args(server_args)
     block_size = int(cfg.speculative_num_draft_tokens)
     depth_count = block_size - 1
     if depth_count < 1:

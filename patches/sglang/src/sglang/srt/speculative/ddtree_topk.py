@@ -8,8 +8,9 @@ row across tensor parallelism, and merges them: never the dense [N, vocab]
 logits. Returns ``(logprobs [N, k] float32, ids [N, k] int64)`` sorted
 descending. With ``fused=True`` (``--speculative-ddtree-topk fused``, the
 default) a dense bf16/fp16 CUDA head goes through the fused kernel of
-``fused_depth_topk.py`` (one pass over the head, no logits in memory); every
-other head, and ``--speculative-ddtree-topk torch``, takes the batched torch path.
+``sglang/kernels/ops/speculative/ddtree/fused_depth_topk.py`` (one pass over
+the head, no logits in memory); every other head, and
+``--speculative-ddtree-topk torch``, takes the batched torch path.
 
 New file of the sgdeploy patch series (not in SGLang 0.5.23): added for DDTree
 (series feature ``ddtree``; the fused kernel is feature ``topk``), laid over the
@@ -70,7 +71,7 @@ def depth_topk_logprobs(
     # The same choice on every rank (a rank whose shard is short of k rows would otherwise take the other
     # path and gather another shape: the e2e tiny models, vocabulary 16 at TP 2, leave rank 1 none).
     if fused and _fused_ok(hidden, weight, k) and _fewest_rows(lm_head, tp_size, rows) >= k:
-        from sglang.srt.speculative.fused_depth_topk import fused_depth_topk
+        from sglang.kernels.ops.speculative.ddtree.fused_depth_topk import fused_depth_topk
 
         return fused_depth_topk(hidden, lm_head.weight, int(k), vocab_size=rows,
                                 vocab_start=start, tp_group=tp_group if tp_size > 1 else None)

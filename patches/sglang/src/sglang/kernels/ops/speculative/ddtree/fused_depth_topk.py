@@ -25,6 +25,9 @@ fused_depth_topk (one call does it all), fused_local_topk (one shard's partial: 
 global ids, lse) and merge_topk_partials (merge of shard partials; also the single-GPU test of
 the TP merge).
 
+Where: with upstream's speculative kernels (``sglang/kernels/ops/speculative/``, DDTree's in
+``ddtree/``); ``sglang/srt/speculative/ddtree_topk.py`` (host side) decides when it runs.
+
 New file of the sgdeploy patch series (feature ``topk``; not in SGLang 0.5.23), laid over the
 pristine wheel at this path; ``--speculative-ddtree-topk fused`` (the default) selects it.
 """
