@@ -2,9 +2,9 @@
 
 from importlib import metadata as _metadata
 
-# The host-side code (gates, bench, exactness, records, model folders) lives in the sgdeploy.host
-# collection's module_utils; this puts the collection on sys.path for the controller's commands.
-from sgdeploy import host_code  # noqa: E402,F401
+# The host-side code (gates, bench, exactness, records, model folders, the HTTP/health helper) lives in
+# the sgdeploy.host collection's module_utils; the package ships it as the importable package
+# ansible_collections.sgdeploy.host.plugins.module_utils (pyproject.toml), no path hook.
 
 try:  # the installed package's version (pyproject.toml); `sgdeploy --version` prints it
     __version__ = _metadata.version("sgdeploy")

@@ -1,5 +1,6 @@
 """The benchmark's command line (``sgdeploy bench``); the benchmark itself is the gate module's code,
-``sglang_gate_bench`` in the collection's module_utils (``sgdeploy.host_code``, docs/gates.md).
+``sglang_gate_bench`` in the collection's module_utils, which the installed ``sgdeploy`` package
+carries (docs/gates.md, "One implementation").
 
 Command line (exit 0 all requests completed, 1 some failed, 2 misuse)::
 

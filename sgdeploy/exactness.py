@@ -1,6 +1,6 @@
 """The exactness gate's command line (``sgdeploy exactness``); the comparison, the references and the
 prompts are the gate module's code, ``sglang_gate_exactness`` in the collection's module_utils
-(``sgdeploy.host_code``, docs/gates.md).
+(the installed ``sgdeploy`` package carries it; docs/gates.md).
 
 Command line (exit 0 ok, 1 a failure or not comparable, 2 misuse)::
 

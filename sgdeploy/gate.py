@@ -2,10 +2,10 @@
 
 The gates themselves (smoke, exactness, throughput, acceptance, the report) are one implementation,
 ``sglang_gate`` in the sgdeploy.host collection's module_utils: the deploy runs them on the host
-through the ``sgdeploy.host.sglang_gate`` module, and this command imports the same code
-(``sgdeploy.host_code``). What stays here is the controller's: the thresholds with the defaults and
-checks of the config schema (``sgdeploy.gate_schema``), reading files named on the command line, and
-the SSH tunnel. See docs/gates.md.
+through the ``sgdeploy.host.sglang_gate`` module, and this command imports the same code (the
+installed ``sgdeploy`` package carries the module_utils). What stays here is the controller's: the
+thresholds with the defaults and checks of the config schema (``sgdeploy.gate_schema``), reading files
+named on the command line, and the SSH tunnel. See docs/gates.md.
 
 Command line (exit 0 all gates pass, 1 a gate failed or was inconclusive, 2 misuse)::
 

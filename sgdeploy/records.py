@@ -1,8 +1,8 @@
 """Deploy records: one JSON file per deploy attempt, what it deployed, its gates and its outcome.
 
 The records themselves are built, written and read by ``sglang_deploy_records`` in the collection's
-module_utils, the code the host's record and gate modules run (``sgdeploy.host_code``; one
-implementation, docs/gates.md); this module is its command line on the controller.
+module_utils, the code the host's record and gate modules run (the installed ``sgdeploy`` package
+carries them; one implementation, docs/gates.md); this module is its command line on the controller.
 
 ``make status`` prints ``status_report``: what serves on each host now (from the hosts' current.json,
 as playbooks/status.yml collects them), then the history, one row per record saying what it was

@@ -1,8 +1,11 @@
 """Talking to a running SGLang service: health, drain, warm-up, one greedy request.
 
-The HTTP client (``generate``, ``check_url``, ``is_healthy``) is the gate module's own code, imported from
-the collection's module_utils (``sglang_gate_http``; ``sgdeploy.host_code``); the waits here are the
-controller's command line. Deploys wait with the ``sgdeploy.host.sglang_deploy_wait`` module.
+The HTTP client (``generate``, ``check_url``, ``is_healthy``, the health wait) is the project's one HTTP/health
+helper, the collection's module_utils ``sglang_http``, which the host modules run too; the installed
+``sgdeploy`` package carries it (docs/gates.md, "One implementation"). What is the controller's alone: the
+drain, whose ``/metrics`` reading uses ``prometheus_client``'s text parser (hosts have no such package, and no
+host module reads metrics), the warm-up, and this command line. Deploys wait with the
+``sgdeploy.host.sglang_deploy_wait`` module.
 
 Command line (exit 0 done, 1 timed out or failed, 2 misuse)::
 
@@ -15,22 +18,21 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 import threading
 import time
 from dataclasses import asdict, dataclass, field
 
-from ansible_collections.sgdeploy.host.plugins.module_utils.sglang_gate_http import (  # noqa: F401
+from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_deploy_units as units
+from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_http
+from ansible_collections.sgdeploy.host.plugins.module_utils.sglang_http import (  # noqa: F401
     ServingError,
     UsageError,
-    _reason,
-    _refused,
-    _request,
     check_url,
     generate,
     is_healthy,
 )
+from prometheus_client.parser import text_string_to_metric_families
 
 # Gauges that count requests the engine still owns; all of them must read 0 before a stop.
 IN_FLIGHT_GAUGES = ("sglang:num_running_reqs", "sglang:num_queue_reqs")
@@ -54,71 +56,36 @@ class WaitResult:
         return asdict(self)
 
 
-def _unit_props(unit: str) -> dict[str, str]:
-    import subprocess
-
-    proc = subprocess.run(["systemctl", "show", "-p", "ActiveState", "-p", "NRestarts", unit],
-                          capture_output=True, text=True, check=False)
-    return dict(line.split("=", 1) for line in proc.stdout.splitlines() if "=" in line)
-
-
-def unit_restarts(unit: str) -> int:
-    """systemd's NRestarts of a unit: cumulative until `systemctl reset-failed`, so only a change
-    against a baseline taken at the start says anything."""
-    value = _unit_props(unit).get("NRestarts", "")
-    return int(value) if value.isdigit() else 0
-
-
-def unit_state(unit: str, restarts_baseline: int = 0) -> str:
-    """systemd's ActiveState of a unit (active, activating, failed, inactive, ...), or "restarted"
-    when NRestarts grew beyond ``restarts_baseline`` (it crashed since the wait began)."""
-    props = _unit_props(unit)
-    restarts = props.get("NRestarts", "")
-    if restarts.isdigit() and int(restarts) > restarts_baseline:
-        return "restarted"
-    return props.get("ActiveState", "unknown")
-
-
 def wait_healthy(base_url: str, timeout: float, interval: float = 1.0, unit: str | None = None) -> WaitResult:
-    """Poll ``/health`` until it answers 200 or ``timeout`` seconds have passed.
+    """Poll ``/health`` until it answers 200 or ``timeout`` seconds have passed (``sglang_http.wait_healthy``).
 
     With ``unit``, give up early when systemd reports the service failed or stopped, or restarted
     since this wait began (a crash at start, a failed CUDA-graph capture): waiting out a 30-minute
     load timeout would tell nothing more.
     """
     start = time.monotonic()
-    baseline = unit_restarts(unit) if unit is not None else 0
-    while True:
-        if is_healthy(base_url, timeout=min(5.0, max(interval, 1.0))):
-            return WaitResult(True, "healthy", round(time.monotonic() - start, 3), "service is healthy")
-        if unit is not None:
-            state = unit_state(unit, baseline)
-            if state in ("failed", "inactive", "restarted"):
-                return WaitResult(False, "exited", round(time.monotonic() - start, 3),
-                                  f"{unit} is {state} before {base_url}/health answered 200 "
-                                  f"(see journalctl -u {unit})")
-        waited = time.monotonic() - start
-        if waited >= timeout:
-            return WaitResult(False, "timeout", round(waited, 3),
-                              f"{base_url}/health did not answer 200 within {timeout:g} s")
-        time.sleep(min(interval, max(timeout - waited, 0.01)))
-
-
-_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
+    baseline = units.n_restarts(unit) if unit else 0
+    state, detail = sglang_http.wait_healthy(base_url, unit, baseline, start + timeout, timeout, interval,
+                                             probe_timeout=min(5.0, max(interval, 1.0)), clock=time.monotonic)
+    waited = round(time.monotonic() - start, 3)
+    if state == "healthy":
+        return WaitResult(True, state, waited, "service is healthy")
+    if state == "exited":
+        return WaitResult(False, state, waited, detail)
+    return WaitResult(False, "timeout", waited, f"{base_url}/health did not answer 200 within {timeout:g} s")
 
 
 def parse_metrics(text: str) -> dict[str, float]:
-    """Sum Prometheus text-format samples by metric name (over all label sets)."""
+    """Sum Prometheus text-format samples by metric name (over all label sets), with ``prometheus_client``'s
+    parser; a sample keeps its exposed name (a counter's ``sglang:num_requests_total``, not its family's).
+    Raises ServingError when the text is not Prometheus text format."""
     totals: dict[str, float] = {}
-    for line in text.splitlines():
-        m = _SAMPLE.match(line.strip())
-        if not m:
-            continue
-        try:
-            value = float(m.group(3))
-        except ValueError:
-            continue
-        totals[m.group(1)] = totals.get(m.group(1), 0.0) + value
+    try:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                totals[sample.name] = totals.get(sample.name, 0.0) + float(sample.value)
+    except ValueError as err:
+        raise ServingError(f"/metrics answered something that is not Prometheus text: {err}") from None
     return totals
 
 
@@ -131,11 +98,11 @@ def in_flight(base_url: str, timeout: float = 5.0) -> float | None:
     the answer is slow or broken.
     """
     try:
-        status, raw = _request("GET", base_url + "/metrics", None, timeout)
+        status, raw = sglang_http.request("GET", base_url + "/metrics", None, timeout)
     except OSError as err:
-        if _refused(err):
+        if sglang_http.refused(err):
             return None
-        raise ServingError(f"/metrics failed: {_reason(err)}") from None
+        raise ServingError(f"/metrics failed: {sglang_http.reason(err)}") from None
     if status in (404, 405):
         raise MetricsUnavailable(f"/metrics answered HTTP {status}; start the server with --enable-metrics")
     if status != 200:

@@ -25,8 +25,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[3]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+# sgdeploy imports the sgdeploy.host collection's module_utils as the installed package does; run from a
+# checkout without the package (the GPU machine's python3), they come from collections/ (pyproject.toml).
+for _p in (str(REPO), str(REPO / "collections")):
+    if _p not in sys.path:
+        sys.path.insert(0, _p)
 
 from sgdeploy import render, spec  # noqa: E402
 

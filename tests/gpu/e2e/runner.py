@@ -40,6 +40,9 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[2]
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(REPO))
+# sgdeploy imports the sgdeploy.host collection's module_utils as the installed package does; run from a
+# checkout without the package (the GPU machine's python3), they come from collections/ (pyproject.toml).
+sys.path.insert(0, str(REPO / "collections"))
 
 import e2e_stats as stats  # noqa: E402
 import trace_check  # noqa: E402

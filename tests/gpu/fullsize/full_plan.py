@@ -27,7 +27,9 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[2]
-for p in (str(REPO), str(HERE), str(HERE.parent / "e2e")):
+# sgdeploy imports the sgdeploy.host collection's module_utils as the installed package does; run from a
+# checkout without the package (the GPU machine's python3), they come from collections/ (pyproject.toml).
+for p in (str(REPO), str(REPO / "collections"), str(HERE), str(HERE.parent / "e2e")):
     if p not in sys.path:
         sys.path.insert(0, p)
 

@@ -47,6 +47,9 @@ REPO = HERE.parents[2]
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "e2e"))
 sys.path.insert(0, str(REPO))
+# sgdeploy imports the sgdeploy.host collection's module_utils as the installed package does; run from a
+# checkout without the package (the GPU machine's python3), they come from collections/ (pyproject.toml).
+sys.path.insert(0, str(REPO / "collections"))
 
 import breakdown  # noqa: E402
 import runner as e2e_runner  # noqa: E402  (tests/gpu/e2e/runner.py: ServerProc, http)

@@ -15,18 +15,17 @@ import pytest
 REPO = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(REPO / "collections"))
 
-from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_deploy_health as health  # noqa: E402
 from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_deploy_units as units  # noqa: E402
-from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_gate_http as serving  # noqa: E402
+from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_http  # noqa: E402
 
 KEY = "sk-engine-7f3a9c"
 
 
 @pytest.fixture(autouse=True)
 def no_keys():
-    serving._KEYS.clear()
+    sglang_http._KEYS.clear()
     yield
-    serving._KEYS.clear()
+    sglang_http._KEYS.clear()
 
 
 def unit_props(env_file: Path, name: str | None = "SGLANG_ENGINE_KEY"):
@@ -67,24 +66,24 @@ def test_a_missing_environment_file_is_a_missing_key(tmp_path):
 
 
 def test_the_key_goes_to_the_authorized_origin_only():
-    serving.authorize("http://10.0.0.5:30000", KEY)
-    assert serving.headers_for("http://10.0.0.5:30000/generate") == {"Authorization": f"Bearer {KEY}"}
-    assert serving.headers_for("http://10.0.0.5:30000") == {"Authorization": f"Bearer {KEY}"}
+    sglang_http.authorize("http://10.0.0.5:30000", KEY)
+    assert sglang_http.headers_for("http://10.0.0.5:30000/generate") == {"Authorization": f"Bearer {KEY}"}
+    assert sglang_http.headers_for("http://10.0.0.5:30000") == {"Authorization": f"Bearer {KEY}"}
     for other in ("http://10.0.0.5:30001/generate", "http://10.0.0.6:30000/generate",
                   "https://10.0.0.5:30000/generate", "http://10.0.0.5/generate", "not a url", ""):
-        assert serving.headers_for(other) == {}, other
-    serving.authorize("http://10.0.0.5:30000/", "")
-    assert serving.headers_for("http://10.0.0.5:30000/generate") == {}
+        assert sglang_http.headers_for(other) == {}, other
+    sglang_http.authorize("http://10.0.0.5:30000/", "")
+    assert sglang_http.headers_for("http://10.0.0.5:30000/generate") == {}
 
 
 def test_a_default_port_is_the_same_origin():
-    serving.authorize("http://engine.example", KEY)
-    assert serving.headers_for("http://ENGINE.example:80/generate") == {"Authorization": f"Bearer {KEY}"}
+    sglang_http.authorize("http://engine.example", KEY)
+    assert sglang_http.headers_for("http://ENGINE.example:80/generate") == {"Authorization": f"Bearer {KEY}"}
 
 
 def test_authorizing_a_malformed_url_is_one_line():
-    with pytest.raises(serving.UsageError, match="is not a service address"):
-        serving.authorize("engine:30000", KEY)
+    with pytest.raises(sglang_http.UsageError, match="is not a service address"):
+        sglang_http.authorize("engine:30000", KEY)
 
 
 class _Keyed(BaseHTTPRequestHandler):
@@ -127,12 +126,12 @@ def engines():
 
 def test_warm_up_and_generate_send_the_key_to_their_engine_and_not_to_another(engines):
     keyed, other = engines
-    assert health.answer(keyed) == "/generate answered HTTP 401"  # before authorize: what a deploy saw
-    serving.authorize(keyed, KEY)
-    assert health.answer(keyed) == ""
-    assert health.healthy(keyed)
-    assert serving.generate(keyed, "The capital of France is", 4, 10)["text"] == " Paris"
-    assert health.answer(other) == "/generate answered HTTP 401"
+    assert sglang_http.answer(keyed) == "/generate answered HTTP 401"  # before authorize: what a deploy saw
+    sglang_http.authorize(keyed, KEY)
+    assert sglang_http.answer(keyed) == ""
+    assert sglang_http.is_healthy(keyed)
+    assert sglang_http.generate(keyed, "The capital of France is", 4, 10)["text"] == " Paris"
+    assert sglang_http.answer(other) == "/generate answered HTTP 401"
     port = int(other.rsplit(":", 1)[1])
     assert all(auth is None for p, _, auth in _Keyed.seen if p == port)
     assert [auth for p, path, auth in _Keyed.seen if p != port and path == "/generate"] == [
@@ -141,9 +140,9 @@ def test_warm_up_and_generate_send_the_key_to_their_engine_and_not_to_another(en
 
 def test_an_answer_that_fails_does_not_show_the_key(engines):
     keyed, _ = engines
-    serving.authorize(keyed, "wrong-" + KEY)
-    with pytest.raises(serving.ServingError) as err:
-        serving.generate(keyed, "x", 2, 10)
+    sglang_http.authorize(keyed, "wrong-" + KEY)
+    with pytest.raises(sglang_http.ServingError) as err:
+        sglang_http.generate(keyed, "x", 2, 10)
     assert str(err.value).startswith("/generate answered HTTP 401") and KEY not in str(err.value)
 
 

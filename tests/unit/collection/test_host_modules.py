@@ -18,12 +18,12 @@ REPO = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(REPO / "collections"))
 
 from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_deploy_files as files  # noqa: E402
-from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_deploy_health as health  # noqa: E402
 from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_deploy_lock as lock  # noqa: E402
 from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_deploy_plan as planmod  # noqa: E402
 from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_deploy_records as hostrecords  # noqa: E402
 from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_deploy_txn as txn  # noqa: E402
 from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_deploy_units as units  # noqa: E402
+from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_http  # noqa: E402
 
 # ---------------------------------------------------------------------------------------------
 # The lock
@@ -259,9 +259,9 @@ def test_a_port_held_by_something_else_is_refused(host):
 def test_restarts_are_judged_against_the_baseline_of_this_start(monkeypatch):
     fake = FakeSystemd(active=["u.service"], restarts={"u.service": 1})
     monkeypatch.setattr(units, "systemctl", fake)
-    assert health.unit_problem("u.service", baseline=1) == ""
+    assert sglang_http.unit_problem("u.service", baseline=1) == ""
     fake.restarts["u.service"] = 2
-    assert health.unit_problem("u.service", baseline=1) == "u.service restarted 1 time(s) since this start"
+    assert sglang_http.unit_problem("u.service", baseline=1) == "u.service restarted 1 time(s) since this start"
 
 
 def test_an_atomic_write_that_fails_leaves_the_old_file(tmp_path, monkeypatch):

@@ -41,7 +41,7 @@ def _run(tmp_path, monkeypatch, capsys, state: str, healthy: bool, workers=None)
         f"--worker-urls {urls}\n")
     monkeypatch.setattr(mod.units, "listeners", lambda: [])
     monkeypatch.setattr(mod.units, "show", lambda unit, *props: {"ActiveState": state})
-    monkeypatch.setattr(mod.health, "healthy", lambda url, timeout=5.0: healthy)
+    monkeypatch.setattr(mod.sglang_http, "is_healthy", lambda url, timeout=5.0: healthy)
     monkeypatch.setattr(mod.api, "workers", workers or (lambda url: {}))
     args = {"layout": _layout(), "gpu_count": 8, "router_wait_s": 0, "state_dir": str(tmp_path / "state"),
             "unit_dir": str(unit_dir)}

@@ -9,6 +9,7 @@ import threading
 import time
 
 import pytest
+from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_deploy_units as units
 from engine_stub import ROOT, StubEngine, free_port, simulator
 
 from sgdeploy import serving
@@ -157,9 +158,33 @@ def test_cli_misuse_exits_2_with_one_line(args, message):
 
 
 def test_a_unit_that_restarted_before_the_wait_is_not_judged_restarted(monkeypatch):
-    """Issue 20: NRestarts is cumulative; a unit that auto-restarted once is not failing now."""
+    """Issue 20: NRestarts is cumulative; a unit that auto-restarted once is not failing now. The controller's
+    wait takes its baseline at its start and judges the unit as the deploy's wait does (sglang_http)."""
     props = {"ActiveState": "activating", "NRestarts": "1"}
-    monkeypatch.setattr(serving, "_unit_props", lambda unit: dict(props))
-    assert serving.unit_state("u.service", restarts_baseline=serving.unit_restarts("u.service")) == "activating"
-    props["NRestarts"] = "2"
-    assert serving.unit_state("u.service", restarts_baseline=1) == "restarted"
+    monkeypatch.setattr(units, "show", lambda unit, *names: dict(props))
+    url = f"http://127.0.0.1:{free_port()}"
+    result = serving.wait_healthy(url, timeout=0.3, interval=0.1, unit="u.service")
+    assert result.state == "timeout", result  # restarted before the wait: not judged restarted
+    seen = []
+
+    def show(unit, *names):  # the baseline read sees 1, every later read 2: it crashed during the wait
+        seen.append(unit)
+        return {"ActiveState": "activating", "NRestarts": "1" if len(seen) == 1 else "2"}
+
+    monkeypatch.setattr(units, "show", show)
+    result = serving.wait_healthy(url, timeout=5, interval=0.1, unit="u.service")
+    assert not result.ok and result.state == "exited"
+    assert result.detail == (f"u.service restarted 1 time(s) since this start before {url}/health answered 200 "
+                             "(see journalctl -u u.service)")
+
+
+def test_parse_metrics_refuses_what_is_not_prometheus_text():
+    with pytest.raises(serving.ServingError, match="not Prometheus text"):
+        serving.parse_metrics('sglang:num_running_reqs{model_name="a" 2\n')
+
+
+def test_parse_metrics_keeps_a_counters_sample_name():
+    text = ("# TYPE sglang:num_requests_total counter\n"
+            'sglang:num_requests_total{model_name="a"} 4\n'
+            "# TYPE sglang:gen_throughput gauge\nsglang:gen_throughput 12.5\n")
+    assert serving.parse_metrics(text) == {"sglang:num_requests_total": 4.0, "sglang:gen_throughput": 12.5}

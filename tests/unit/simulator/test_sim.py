@@ -21,6 +21,8 @@ from pathlib import Path
 import pytest
 import requests
 
+from sgdeploy import serving
+
 SIM = Path(__file__).resolve().parents[2] / "sim" / "sglang_sim.py"
 HYBRID = "Qwen/Qwen3.6-27B"  # not a local folder: decided from the name
 PURE = "meta-llama/Llama-3.1-8B-Instruct"
@@ -363,11 +365,7 @@ def test_metrics_has_the_gauges(fleet):
     sim = fleet["main"].wait_ready()
     sim.generate("metrics please", 16)
     text = sim.get("/metrics").text
-    values = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, value = line.rsplit(" ", 1)
-            values[name.split("{")[0]] = float(value)
+    values = serving.parse_metrics(text)  # prometheus_client's parser: the text is valid exposition format
     for gauge in ("sglang:num_running_reqs", "sglang:gen_throughput", "sglang:spec_accept_length"):
         assert f"# TYPE {gauge} gauge" in text
     assert values["sglang:spec_accept_length"] > 1 and values["sglang:gen_throughput"] > 0

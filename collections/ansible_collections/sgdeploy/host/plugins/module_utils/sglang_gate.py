@@ -6,7 +6,8 @@ baseline (the last good deploy of the same config on the same host) and the verd
 of Argo Rollouts / Flagger analysis runs. See docs/gates.md.
 
 The one implementation: the gate module (sgdeploy.host.sglang_gate) runs it on the host, the controller's
-``sgdeploy gate`` imports it (``sgdeploy.host_code``). Standard library only.
+``sgdeploy gate`` imports it (the ``sgdeploy`` package carries this collection's module_utils).
+Standard library only.
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ from typing import Any, cast
 
 from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_gate_bench as bench
 from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_gate_exactness as exactness
-from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_gate_http as serving
 from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_gate_selfcheck as selfcheck
+from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_http
 from ansible_collections.sgdeploy.host.plugins.module_utils.sglang_gate_bench import BenchResult
 
 PASS, FAIL, INCONCLUSIVE = "pass", "fail", "inconclusive"
@@ -113,7 +114,7 @@ def garbled(text: str) -> str | None:
 def smoke(base_url: str, thresholds: GateThresholds, speculative: bool, timeout: float = 120.0) -> GateResult:
     """Send the same greedy request twice: both answered, non-empty, readable, identical, and
     (speculative configs) reporting ``spec_verify_ct > 0``."""
-    base_url = serving.check_url(base_url)
+    base_url = sglang_http.check_url(base_url)
 
     def result(verdict: str, reason: str, value: float | None = None, **details: Any) -> GateResult:
         return GateResult("smoke", "deterministic_answer", value, None, None, verdict, reason, details)
@@ -121,9 +122,9 @@ def smoke(base_url: str, thresholds: GateThresholds, speculative: bool, timeout:
     answers = []
     for attempt in (1, 2):
         try:
-            answers.append(serving.generate(base_url, thresholds.smoke_prompt, thresholds.smoke_max_tokens,
+            answers.append(sglang_http.generate(base_url, thresholds.smoke_prompt, thresholds.smoke_max_tokens,
                                             timeout))
-        except serving.ServingError as err:
+        except sglang_http.ServingError as err:
             return result(FAIL, f"request {attempt} of 2 failed: {err}")
     texts, metas = [a.get("text") for a in answers], [a.get("meta_info") or {} for a in answers]
     said: list[str] = []  # the texts, each checked to be a string
@@ -552,8 +553,8 @@ def run_all(base_url: str, thresholds: GateThresholds, speculative: bool, baseli
     the reference of its model instead. ``only`` limits the gates (smoke always runs first when selected).
     With ``peer_url`` (a canary: an old replica of the same config), the bench runs against both side by
     side in the same window, and the old replica's numbers are a second baseline (docs/router.md)."""
-    base_url = serving.check_url(base_url)
-    peer_url = serving.check_url(peer_url) if peer_url else None
+    base_url = sglang_http.check_url(base_url)
+    peer_url = sglang_http.check_url(peer_url) if peer_url else None
     unknown = set(only or ()) - set(ALL_GATES)
     if unknown:
         raise GateError(f"--only {sorted(unknown)[0]!r} is not a gate; allowed: {', '.join(ALL_GATES)}")

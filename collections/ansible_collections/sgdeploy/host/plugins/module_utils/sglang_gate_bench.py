@@ -19,8 +19,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_gate_http as serving
-from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_gate_prompts
+from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_gate_prompts, sglang_http
 
 # The default prompt set, for messages (its text is sglang_gate_prompts.BENCH).
 DEFAULT_PROMPTS = "the bench prompts (sglang_gate_prompts.BENCH)"
@@ -178,7 +177,7 @@ def run(base_url: str, prompts: list[Prompt] | None = None, requests: int = 16, 
     if timeout <= 0:
         raise BenchError(f"bench timeout {timeout!r} must be greater than 0 seconds")
     prompts = prompts if prompts is not None else load_prompts()
-    base_url = serving.check_url(base_url)
+    base_url = sglang_http.check_url(base_url)
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     start = time.monotonic()
     deadline = start + timeout
@@ -197,8 +196,8 @@ def run(base_url: str, prompts: list[Prompt] | None = None, requests: int = 16, 
             prompt = prompts[i % len(prompts)]
             t0 = time.monotonic()
             try:
-                answer = serving.generate(base_url, prompt.text, max_new_tokens, deadline - t0)
-            except serving.ServingError as err:
+                answer = sglang_http.generate(base_url, prompt.text, max_new_tokens, deadline - t0)
+            except sglang_http.ServingError as err:
                 sample = RequestSample(i, prompt.id, False, error=str(err))
             else:
                 sample = _sample(i, prompt, answer, time.monotonic() - t0)

@@ -27,8 +27,7 @@ from typing import Any
 
 from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_deploy_records as records
 from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_gate_bench as bench
-from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_gate_http as serving
-from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_gate_prompts
+from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_gate_prompts, sglang_http
 
 MAX_NEW_TOKENS = 64
 TOP_N = 2
@@ -130,9 +129,9 @@ def ask(base_url: str, prompt: bench.Prompt, timeout: float, top_needed: bool) -
             "return_text_in_logprobs": True,
             "sampling_params": {"temperature": 0, "max_new_tokens": MAX_NEW_TOKENS, "ignore_eos": True}}
     try:
-        status, raw = serving._request("POST", base_url + "/generate", body, timeout)
+        status, raw = sglang_http.request("POST", base_url + "/generate", body, timeout)
     except OSError as err:
-        raise ExactnessError(f"/generate failed: {serving._reason(err)}") from None
+        raise ExactnessError(f"/generate failed: {sglang_http.reason(err)}") from None
     if status != 200:
         raise ExactnessError(f"/generate answered HTTP {status}: {raw[:200].decode(errors='replace').strip()}")
     try:
@@ -150,7 +149,7 @@ def collect(base_url: str, prompts: list[bench.Prompt], concurrency: int, timeou
             top_needed: bool = True) -> tuple[list[dict | None], list[str]]:
     """Every prompt's answer (None where it failed) and the errors, at most ``concurrency`` at a time,
     all within ``timeout`` seconds."""
-    base_url = serving.check_url(base_url)
+    base_url = sglang_http.check_url(base_url)
     deadline = time.monotonic() + timeout
     outputs: list[dict | None] = [None] * len(prompts)
     errors: list[str] = []
@@ -168,7 +167,7 @@ def collect(base_url: str, prompts: list[bench.Prompt], concurrency: int, timeou
                 if left <= 0:
                     raise ExactnessError(f"not sent when the time limit ({timeout:g} s) ran out")
                 result = ask(base_url, prompts[i], left, top_needed)
-            except (ExactnessError, serving.ServingError) as err:
+            except (ExactnessError, sglang_http.ServingError) as err:
                 with lock:
                     errors.append(f"{prompts[i].id}: {err}")
                 continue

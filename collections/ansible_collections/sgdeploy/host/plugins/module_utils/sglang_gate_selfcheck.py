@@ -33,7 +33,7 @@ from typing import Any
 
 from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_gate_bench as bench
 from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_gate_exactness as exactness
-from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_gate_http as serving
+from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_http
 
 TOP_N = 2
 PASS, FAIL, INCONCLUSIVE = exactness.PASS, exactness.FAIL, exactness.INCONCLUSIVE
@@ -58,9 +58,9 @@ def prefill_body(ids: list[int]) -> dict:
 
 def _post(base_url: str, body: dict, timeout: float) -> dict:
     try:
-        status, raw = serving._request("POST", base_url + "/generate", body, timeout)
+        status, raw = sglang_http.request("POST", base_url + "/generate", body, timeout)
     except OSError as err:
-        raise ExactnessError(f"/generate failed: {serving._reason(err)}") from None
+        raise ExactnessError(f"/generate failed: {sglang_http.reason(err)}") from None
     if status != 200:
         raise ExactnessError(f"/generate answered HTTP {status}: {raw[:200].decode(errors='replace').strip()}")
     try:
@@ -227,7 +227,7 @@ def self_check(base_url: str, prompts: list[bench.Prompt] | None = None, toleran
     """The candidate at ``base_url`` against the target's own prefill on the same server (module docstring).
     ``prompts`` default to the exactness set; at most ``concurrency`` prompts at a time, all within ``timeout``
     seconds. ``details["per_prompt"]`` has every prompt's near-ties and tokens outside the rule."""
-    base_url = serving.check_url(base_url)
+    base_url = sglang_http.check_url(base_url)
     prompts = exactness.load_prompts() if prompts is None else prompts
     deadline = time.monotonic() + timeout
     results: list[dict | None] = [None] * len(prompts)
@@ -243,7 +243,7 @@ def self_check(base_url: str, prompts: list[bench.Prompt] | None = None, toleran
                 i = todo.pop(0)
             try:
                 r = check_prompt(base_url, prompts[i], tolerance, max_new_tokens, deadline)
-            except (ExactnessError, serving.ServingError) as err:
+            except (ExactnessError, sglang_http.ServingError) as err:
                 with lock:
                     errors.append(f"{prompts[i].id}: {err}")
                 continue

@@ -78,10 +78,10 @@ import glob  # noqa: E402
 import os  # noqa: E402
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
-from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_deploy_health as health  # noqa: E402
 from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_deploy_lock as lock  # noqa: E402
 from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_deploy_txn as txn  # noqa: E402
 from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_deploy_units as units  # noqa: E402
+from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_http  # noqa: E402
 from ansible_collections.sgdeploy.host.plugins.module_utils.sglang_deploy_files import read_json  # noqa: E402
 from ansible_collections.sgdeploy.host.plugins.module_utils.sglang_deploy_plan import (  # noqa: E402
     deployed,
@@ -97,7 +97,7 @@ def probe(entry):
         return None
     address = entry.get("bind_address") or "127.0.0.1"
     address = "127.0.0.1" if address == "0.0.0.0" else f"[{address}]" if ":" in address else address
-    return health.healthy(f"http://{address}:{entry['ports'][0]}", timeout=PROBE_TIMEOUT_S)
+    return sglang_http.is_healthy(f"http://{address}:{entry['ports'][0]}", timeout=PROBE_TIMEOUT_S)
 
 
 def main():

@@ -93,11 +93,10 @@ detail: {description: One line for people., returned: always, type: str}
 import time  # noqa: E402
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
-from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_deploy_health as health  # noqa: E402
 from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_deploy_lock as lock  # noqa: E402
 from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_deploy_txn as txn  # noqa: E402
 from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_deploy_units as units  # noqa: E402
-from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_gate_http as serving  # noqa: E402
+from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_http  # noqa: E402
 
 # How long a port may stay held by a process outside the units being stopped before the wait gives up:
 # waiting will not free it (a unit this deploy does not stop, a stray process).
@@ -172,14 +171,14 @@ def main():
         if p["unit"] and p["answers"]:
             try:
                 key = units.engine_key(p["unit"])
-                serving.authorize(p["url"], key)
-            except (units.EngineKeyError, serving.UsageError) as exc:
+                sglang_http.authorize(p["url"], key)
+            except (units.EngineKeyError, sglang_http.UsageError) as exc:
                 module.fail_json(msg=f"wait healthy: {exc}", done=True, ok=False, state="exited", elapsed_s=0.0)
             if key:
                 module.no_log_values.add(key)
-        state, detail = health.wait_healthy(p["url"], p["unit"], baseline, deadline, p["poll_s"])
+        state, detail = sglang_http.wait_healthy(p["url"], p["unit"], baseline, deadline, p["poll_s"])
         for _ in range(p["answers"] if state == "healthy" else 0):
-            problem = health.answer(p["url"])
+            problem = sglang_http.answer(p["url"])
             if problem:
                 state, detail = "exited", "healthy, but " + problem
                 break

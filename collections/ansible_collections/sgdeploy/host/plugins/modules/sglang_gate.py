@@ -124,6 +124,7 @@ from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_deploy
 from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_deploy_units as units  # noqa: E402
 from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_gate as gates  # noqa: E402
 from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_gate_exactness as exactness  # noqa: E402
+from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_http  # noqa: E402
 
 
 def main():
@@ -150,8 +151,8 @@ def main():
             key = units.engine_key(p["unit"])
             for url in (p["url"], p["peer_url"]):
                 if url:
-                    gates.serving.authorize(url, key)
-        except (units.EngineKeyError, gates.serving.UsageError) as err:
+                    sglang_http.authorize(url, key)
+        except (units.EngineKeyError, sglang_http.UsageError) as err:
             module.fail_json(msg=f"gates: {err}")
         if key:
             module.no_log_values.add(key)
@@ -167,7 +168,7 @@ def main():
         report = gates.run_all(p["url"], thresholds, p["speculative"], found[1] if found else None, p["gates"],
                                bench_timeout=p["bench_timeout_s"], exactness_target=target,
                                exactness_enforced=p["exactness_enforced"], peer_url=p["peer_url"] or None)
-    except (gates.GateError, gates.serving.UsageError) as err:
+    except (gates.GateError, sglang_http.UsageError) as err:
         module.fail_json(msg=f"gates: {err}")
     data = report.to_dict()
     if p["report_path"]:

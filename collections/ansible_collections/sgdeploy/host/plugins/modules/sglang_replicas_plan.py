@@ -67,8 +67,8 @@ import os  # noqa: E402
 import time  # noqa: E402
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
-from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_deploy_health as health  # noqa: E402
 from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_deploy_units as units  # noqa: E402
+from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_http  # noqa: E402
 from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_router_api as api  # noqa: E402
 from ansible_collections.sgdeploy.host.plugins.module_utils.sglang_deploy_conflicts import (  # noqa: E402
     ConflictError,
@@ -90,7 +90,7 @@ def wait_router(router, wait_s, poll_s=1.0):
     start = time.monotonic()
     while True:
         state = units.show(unit, "ActiveState").get("ActiveState", "unknown")
-        healthy = state == "active" and health.healthy(router["url"], timeout=3.0)
+        healthy = state == "active" and sglang_http.is_healthy(router["url"], timeout=3.0)
         waited = round(time.monotonic() - start, 1)
         if healthy or time.monotonic() - start >= wait_s:
             return {"unit": unit, "active": healthy, "state": state, "waited_s": waited}

@@ -1,8 +1,17 @@
 # Copyright: sgdeploy contributors. Apache-2.0
-"""Talking to a running SGLang service over HTTP: one greedy /generate request, /health.
+"""The project's one HTTP/health helper for a running SGLang service (or the router in front of replicas).
 
-Standard library only: shipped to the host by Ansible with the gate module (sgdeploy.host.sglang_gate),
-and imported by the controller's ``sgdeploy.serving`` (the one implementation, docs/gates.md).
+``/health`` (``is_healthy``, and ``wait_healthy``, which also watches the systemd unit), one greedy
+``/generate`` request (``generate``; ``answer`` for the deploy's short "does it answer text" check), the
+exchange underneath (``request``) and the engine's API key (``authorize``). Every caller uses it: on hosts
+the modules ``sgdeploy.host.sglang_deploy_wait``, ``sglang_deploy_status``, ``sglang_replicas_plan`` and the
+gates (Ansible ships it with them); on the controller ``sgdeploy.serving`` (warm-up, drain) and the
+controller's gate commands import it from the installed ``sgdeploy`` package, which carries this
+collection's module_utils (docs/gates.md, "One implementation").
+
+Standard library only: a host runs it with its system python3, which has nothing else. For the same reason
+``/metrics`` is not parsed here: the controller parses it with ``prometheus_client`` (``sgdeploy.serving``),
+and no host module reads metrics.
 
 An engine with an API key (``serving.api_key_secret``) asks every route except ``/health*`` and
 ``/metrics`` for ``Authorization: Bearer <key>``. A caller on the host reads the key there
@@ -14,9 +23,12 @@ it. The key is never returned, logged or put in an error message.
 from __future__ import annotations
 
 import json
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
+
+from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_deploy_units as units
 
 
 class ServingError(Exception):
@@ -70,7 +82,7 @@ def headers_for(url: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"} if key else {}
 
 
-def _request(method: str, url: str, body: dict | None, timeout: float) -> tuple[int, bytes]:
+def request(method: str, url: str, body: dict | None, timeout: float) -> tuple[int, bytes]:
     """One HTTP exchange. Returns (status, body); raises OSError when nothing answers. Sends the bearer
     key of ``url``'s origin when ``authorize`` gave one."""
     data = None if body is None else json.dumps(body).encode()
@@ -96,9 +108,9 @@ def generate(base_url: str, text: str, max_new_tokens: int, timeout: float,
         "sampling_params": {"temperature": 0, "max_new_tokens": max_new_tokens, "ignore_eos": ignore_eos},
     }
     try:
-        status, raw = _request("POST", base_url + "/generate", body, timeout)
+        status, raw = request("POST", base_url + "/generate", body, timeout)
     except OSError as err:
-        raise ServingError(f"/generate failed: {_reason(err)}") from None
+        raise ServingError(f"/generate failed: {reason(err)}") from None
     if status != 200:
         snippet = raw[:200].decode(errors="replace").strip()
         raise ServingError(f"/generate answered HTTP {status}: {snippet}")
@@ -113,7 +125,7 @@ def generate(base_url: str, text: str, max_new_tokens: int, timeout: float,
     return answer
 
 
-def _reason(err: BaseException) -> str:
+def reason(err: BaseException) -> str:
     """The cause of a failed exchange in a few words ("Connection refused", "timed out")."""
     if isinstance(err, urllib.error.URLError) and not isinstance(err, urllib.error.HTTPError):
         err = err.reason if isinstance(err.reason, BaseException) else Exception(str(err.reason))
@@ -122,7 +134,7 @@ def _reason(err: BaseException) -> str:
     return (err.strerror if isinstance(err, OSError) else None) or str(err) or type(err).__name__
 
 
-def _refused(err: BaseException) -> bool:
+def refused(err: BaseException) -> bool:
     """True when nothing listens at the address (as opposed to a slow or broken answer)."""
     if isinstance(err, urllib.error.URLError):
         err = err.reason
@@ -132,7 +144,66 @@ def _refused(err: BaseException) -> bool:
 def is_healthy(base_url: str, timeout: float = 5.0) -> bool:
     """True when ``/health`` answers HTTP 200 (SGLang answers 503 while starting or draining)."""
     try:
-        status, _ = _request("GET", base_url + "/health", None, timeout)
+        status, _ = request("GET", base_url.rstrip("/") + "/health", None, timeout)
     except OSError:
         return False
     return status == 200
+
+
+def answer(url: str, timeout: float = 60.0) -> str:
+    """One short greedy /generate request (the deploy's check that a healthy engine answers text): '' when it
+    answered with text, else why not, in a few words."""
+    body = {"text": "The capital of France is", "sampling_params": {"temperature": 0, "max_new_tokens": 8}}
+    try:
+        status, raw = request("POST", url.rstrip("/") + "/generate", body, timeout)
+    except OSError as err:
+        return f"/generate failed: {err}"
+    if status != 200:
+        return f"/generate answered HTTP {status}"
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        return "/generate answered something that is not JSON"
+    data = data[0] if isinstance(data, list) and data else data
+    return "" if isinstance(data, dict) and data.get("text") else "/generate answered no text"
+
+
+def unit_problem(unit: str, baseline: int) -> str:
+    """Why ``unit`` cannot become healthy any more (failed, stopped, restarted since the baseline), or ''.
+
+    ``baseline`` is the unit's NRestarts when the wait began: systemd's count is cumulative until
+    ``systemctl reset-failed``, so only growth against it says the unit crashed during this wait."""
+    props = units.show(unit, "ActiveState", "NRestarts")
+    value = props.get("NRestarts") or ""
+    restarts = int(value) if value.isdigit() else 0
+    if restarts > baseline:
+        return f"{unit} restarted {restarts - baseline} time(s) since this start"
+    if props.get("ActiveState") in ("failed", "inactive"):
+        return f"{unit} is {props.get('ActiveState')}"
+    return ""
+
+
+def wait_healthy(url: str, unit: str | None, baseline: int, deadline: float, poll_s: float,
+                 interval: float = 1.0, probe_timeout: float = 5.0, clock=time.time,
+                 sleep=time.sleep) -> tuple[str, str]:
+    """Poll ``/health`` until it answers 200, ``unit`` (when given) can no longer get there (``unit_problem``),
+    the ``deadline`` (on ``clock``) or ``poll_s`` seconds of this call have passed.
+
+    Returns (state, detail) with state healthy | exited | timeout | waiting (the call's time is up, the
+    deadline is not: an Ansible ``until`` loop calls again).
+    """
+    url = url.rstrip("/")
+    call_end = clock() + poll_s
+    while True:
+        if is_healthy(url, timeout=probe_timeout):
+            return "healthy", f"{url}/health answers 200"
+        if unit:
+            problem = unit_problem(unit, baseline)
+            if problem:
+                return "exited", f"{problem} before {url}/health answered 200 (see journalctl -u {unit})"
+        now = clock()
+        if now >= deadline:
+            return "timeout", f"{url}/health did not answer 200 in time"
+        if now >= call_end:
+            return "waiting", f"{url}/health does not answer 200 yet"
+        sleep(min(interval, max(deadline - now, 0.01)))
