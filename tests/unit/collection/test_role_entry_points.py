@@ -26,7 +26,8 @@ INCLUDES = ("ansible.builtin.include_role", "ansible.builtin.import_role", "incl
 def private_names(node, roles: list[str]) -> set[str]:
     """Every ``<role>__<name>`` a parsed YAML document sets or reads: in a key (vars, set_fact, module_defaults)
     or anywhere in a value (a register, a template, a when, a loop_var). Comments are not YAML: they do not count."""
-    pattern = re.compile(r"\b(?:%s)__\w+" % "|".join(map(re.escape, roles)))
+    names = "|".join(map(re.escape, roles))
+    pattern = re.compile(rf"\b(?:{names})__\w+")
     found: set[str] = set()
     pending = [node]
     while pending:
