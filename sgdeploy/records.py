@@ -4,9 +4,10 @@ The records themselves are built, written and read by ``sglang_deploy_records`` 
 module_utils, the code the host's record and gate modules run (the installed ``sgdeploy`` package
 carries them; one implementation, docs/gates.md); this module is its command line on the controller.
 
-``make status`` prints ``status_report``: what serves on each host now (from the hosts' current.json,
-as playbooks/status.yml collects them), then the history, one row per record saying what it was
-(a deploy, a sweep variant, a manual rollback, a recovery) with the last measured gate numbers.
+``make status`` prints ``status_report`` (in-process, through the action plugin sgdeploy.host.controller_records):
+what serves on each host now (from the hosts' current.json, as playbooks/status.yml collects them), then the
+history, one row per record saying what it was (a deploy, a sweep variant, a manual rollback, a recovery) with the
+last measured gate numbers.
 
 Command line (exit 0 done, 1 nothing found, 2 misuse)::
 
@@ -222,6 +223,19 @@ def read_now(folder: str | Path, hosts: list[str] | None) -> dict[str, dict | No
     return {h: found.get(h) for h in hosts} if hosts is not None else found
 
 
+def collect(records_dir: str | Path, now_dir: str | Path | None = None,
+            hosts: list[str] | None = None) -> tuple[list[dict], dict[str, dict | None] | None, list[str]]:
+    """What ``make status`` shows, from the folders ``playbooks/status.yml`` fills: the records, each host's state
+    (``read_now``; None without ``now_dir``) and one line per record that cannot be read (skipped). The command
+    line's ``status`` and the action plugin sgdeploy.host.controller_records both read them here."""
+    if not Path(records_dir).is_dir():
+        raise RecordError(f"records folder {records_dir}: does not exist")
+    errors: list[str] = []
+    records = read_records(records_dir, errors)
+    now = read_now(now_dir, hosts) if now_dir else None
+    return records, now, errors
+
+
 # --- command line ---------------------------------------------------------------------------------------
 
 def _split(text: str | None) -> list[str]:
@@ -307,20 +321,18 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "write":
             return _cmd_write(args)
-        if not Path(args.dir).is_dir():
-            raise RecordError(f"records folder {args.dir}: does not exist")
         if args.command == "last-good":
+            if not Path(args.dir).is_dir():
+                raise RecordError(f"records folder {args.dir}: does not exist")
             found = last_good_path(args.dir, args.config, args.host)
             if not found:
                 print(f"no good deploy of {args.config} on {args.host} in {args.dir}", file=sys.stderr)
                 return 1
             print(json.dumps(found[1], indent=2, sort_keys=True) if args.json else found[0])
             return 0
-        errors: list[str] = []
-        recs = read_records(args.dir, errors)
+        recs, now, errors = collect(args.dir, args.now, _split(args.hosts) if args.hosts is not None else None)
         for e in errors:
             print(f"warning: {e}", file=sys.stderr)
-        now = read_now(args.now, _split(args.hosts) if args.hosts is not None else None) if args.now else None
         if args.json:
             rows = history_rows(recs, args.all)
             print(json.dumps(rows if now is None else {"now": now_rows(now, recs), "history": rows}, indent=2,

@@ -1,7 +1,8 @@
-"""The collection's controller-side action plugin sgdeploy.host.controller_config (issue 35, "one crossing"):
+"""The collection's controller-side action plugins (issue 35, "one crossing"): with sgdeploy.host.controller_config
 plays ask the controller's Python in-process for a config's description, and get exactly what
-``sgdeploy render --json`` prints; a bad config fails the task with its one-line problem, no traceback;
-no play or role runs ``python -m sgdeploy render|config`` any more."""
+``sgdeploy render --json`` prints; a bad config fails the task with its one-line problem, no traceback. With
+sgdeploy.host.controller_records make status gets the table ``python -m sgdeploy.records status`` prints. No play
+or role runs ``python -m sgdeploy render|config|validate`` or ``python -m sgdeploy.records status`` any more."""
 
 from __future__ import annotations
 
@@ -76,8 +77,51 @@ def test_a_bad_replica_index_and_models_root_fail_with_one_line(tmp_path):
         proc.stdout, proc.stdout[-3000:]
 
 
-def test_no_play_or_role_runs_sgdeploy_render_or_config_in_a_subprocess():
-    pattern = re.compile(r"-m['\"]?,?\s*['\"]?sgdeploy['\"]?,?\s*['\"]?(render|config)\b")
+def test_no_play_or_role_runs_sgdeploy_render_config_validate_or_status_in_a_subprocess():
+    """controller_config (render, config, validate) and controller_records (the status table) do it in-process."""
+    pattern = re.compile(r"-m['\"]?,?\s*['\"]?sgdeploy(\.records)?['\"]?,?\s*['\"]?(render|config|validate|status)\b")
     hits = [f"{p.relative_to(REPO)}:{n}" for folder in ("playbooks", ROLES_DIR) for p in (REPO / folder).rglob("*.yml")
             for n, line in enumerate(p.read_text().splitlines(), 1) if pattern.search(line)]
     assert hits == []
+
+
+def status_folders(tmp_path: Path) -> tuple[Path, Path]:
+    """What playbooks/status.yml collects: two records of lab1, its state (now/lab1.json), nothing of lab2."""
+    from sgdeploy import records
+
+    recs, now = tmp_path / "status" / "records", tmp_path / "status" / "now"
+    for finished, outcome in (("2026-01-01T10:05:00Z", "deployed"), ("2026-01-02T10:05:00Z", "rolled_back")):
+        records.write_record(recs / "lab1", records.build_record(
+            config="ddtree-b15", host="lab1", release="stock", outcome=outcome, started=finished, finished=finished))
+    now.mkdir(parents=True)
+    (now / "lab1.json").write_text(json.dumps({"deployed": [], "uncommitted": None, "interrupted": "", "lock": ""}))
+    return recs, now
+
+
+def test_the_in_process_status_table_is_what_records_status_prints(tmp_path):
+    recs, now = status_folders(tmp_path)
+    (recs / "lab1" / "broken.json").write_text("{")
+    dump = tmp_path / "table.json"
+    proc = play(tmp_path, [
+        {"name": "Table", "sgdeploy.host.controller_records": {
+            "records_dir": str(recs), "now_dir": str(now), "hosts": ["lab1", "lab2"]}, "register": "t"},
+        {"name": "Keep it", "ansible.builtin.copy": {"content": "{{ t | to_json }}", "dest": str(dump)}},
+    ])
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    got = json.loads(dump.read_text())
+    cli = subprocess.run([sys.executable, "-m", "sgdeploy.records", "status", str(recs), "--now", str(now),
+                          "--hosts", "lab1,lab2"], cwd=REPO, capture_output=True, text=True, check=True)
+    assert got["lines"] == cli.stdout.splitlines() and got["changed"] is False
+    assert got["lines"][0].startswith("now (what serves on each host") and any(
+        line.startswith("lab2 ") and "UNREACHABLE" in line for line in got["lines"]), got["lines"]
+    assert got["unanswered"] == ["lab2"]
+    # A file that is not a record is left out of the table, and said (the command line says it on stderr).
+    assert "broken.json" in cli.stderr and "left out of the status table" in proc.stdout + proc.stderr, proc.stdout
+
+
+def test_the_status_table_of_a_missing_records_folder_fails_with_one_line(tmp_path):
+    proc = play(tmp_path, [{"name": "Table", "sgdeploy.host.controller_records": {
+        "records_dir": str(tmp_path / "nowhere")}}])
+    assert proc.returncode != 0 and f"records folder {tmp_path / 'nowhere'}: does not exist" in proc.stdout, \
+        proc.stdout[-3000:]
+    assert "Traceback" not in proc.stdout + proc.stderr

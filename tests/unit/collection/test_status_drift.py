@@ -53,6 +53,7 @@ def test_a_removed_unit_is_named_missing(tmp_path):
     assert f"{unit}: missing" in installed_drift(current, unit_dir)
 
 
-def test_the_status_play_prints_drift_as_edited_by_hand():
-    text = (Path(__file__).resolve().parents[3] / "playbooks" / "status.yml").read_text()
+def test_the_status_entry_point_prints_drift_as_edited_by_hand():
+    text = (Path(__file__).resolve().parents[3] / "collections" / "ansible_collections" / "sgdeploy" / "host" / "roles"
+            / "sglang_deploy" / "tasks" / "status.yml").read_text()
     assert "DRIFT: {{ item.config }}" in text and "edited by hand since its" in text
