@@ -16,7 +16,7 @@ description:
   - A file under O(records_dir) that is not a deploy record is left out of the table, with a warning.
   - The controller's Python must import sgdeploy (the project's virtualenv, as make status runs it).
 version_added: 0.1.0
-author: sgdeploy maintainers
+author: sgdeploy contributors (@sgdeploy)
 options:
   records_dir:
     description: The folder of the deploy records on the controller (read recursively); it must exist.
