@@ -22,7 +22,7 @@ import math
 import re
 import unicodedata
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, get_args
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, TypeVar, get_args
 
 import yaml
 from annotated_types import MinLen
@@ -173,7 +173,11 @@ class Problems:
 
 
 def _problems(info: ValidationInfo) -> Problems:
-    return info.context["problems"]
+    context = info.context
+    if context is None:
+        raise AssertionError("a config model validated without its context: validate with check()")
+    problems: Problems = context["problems"]
+    return problems
 
 
 # --------------------------------------------------------------------------------------------------
@@ -262,12 +266,15 @@ class _Section(BaseModel):
     def _leaf(cls, value: Any, handler: Any, info: ValidationInfo) -> Any:
         """A leaf's value of its type (pydantic's strict check), its default for null, or None with a
         problem line; a section is validated by its own model."""
-        field = cls.model_fields[info.field_name]
+        name = info.field_name
+        if name is None:
+            raise AssertionError("a field validator called without its field's name")
+        field = cls.model_fields[name]
         leaf = _leaf_of(field)
         if leaf is None:
             return handler(value)
         p = _problems(info)
-        path = f"{cls.prefix}.{info.field_name}" if cls.prefix else info.field_name
+        path = f"{cls.prefix}.{name}" if cls.prefix else name
         if value is None:
             if leaf.required:
                 p.bad(path, ABSENT, "required")
@@ -626,6 +633,18 @@ else:
         **{key: (GATE_TYPES[f.kind], Field(f.default, description=f.allowed)) for key, f in gate_schema.FIELDS.items()})
 
 
+_S = TypeVar("_S", bound=_Section)
+
+
+def _validated(section: _S | None, name: str) -> _S:
+    """A section of a validated config. `ConfigModel._mapping` validates each of its `sections` even when
+    left out or null (as an empty mapping, all its defaults), so they are never None once the fields are
+    checked; their fields are typed `X | None` only so that the JSON Schema allows null."""
+    if section is None:
+        raise AssertionError(f"config section {name} not set after validation")
+    return section
+
+
 class ConfigModel(_Section):
     """A config (configs/*.yml) with its `extends` chain merged in."""
 
@@ -643,6 +662,23 @@ class ConfigModel(_Section):
     speculative: SpeculativeSection | None = None
     serving: ServingSection | None = None
     gates: GatesSection | None = None
+
+    # The sections set by validation (see `_validated`), for the after-validator and `check`'s callers.
+    @property
+    def checked_model(self) -> ModelSection:
+        return _validated(self.model, "model")
+
+    @property
+    def checked_speculative(self) -> SpeculativeSection:
+        return _validated(self.speculative, "speculative")
+
+    @property
+    def checked_serving(self) -> ServingSection:
+        return _validated(self.serving, "serving")
+
+    @property
+    def checked_gates(self) -> GatesSection:
+        return _validated(self.gates, "gates")
 
     @classmethod
     def _first(cls, p: Problems) -> None:
@@ -663,11 +699,12 @@ class ConfigModel(_Section):
         """The rules between fields, after every field's own check. Sets what follows from the others:
         serving.replicas and router (resolved), serving.nccl_port, DDTREE's switches, the gates' values."""
         p = _problems(info)
-        spec, serving, algo = self.speculative, self.serving, self.speculative.algorithm
+        model, spec, serving = self.checked_model, self.checked_speculative, self.checked_serving
+        algo = spec.algorithm
         self._check_algorithm_fields(p)
         if algo == "DDTREE":
-            spec.check_ddtree(p, self.model.recurrent_layers)
-        self.model.check_source(p)
+            spec.check_ddtree(p, model.recurrent_layers)
+        model.check_source(p)
         if self.drafter is not None and algo != "NONE":
             self.drafter.check_source(p)
         replicas, router = serving.check_replicas(p)
@@ -680,15 +717,17 @@ class ConfigModel(_Section):
         serving.check_api_key_secret(p)
         self._check_forking_memory(p)
         self._check_strings(p)
-        self.gates.check_bounds(p, algo)
+        self.checked_gates.check_bounds(p, algo)
         return self
 
     def _check_algorithm_fields(self, p: Problems) -> None:
         """Algorithm-specific fields: only for the algorithms that take them (named as written, even of the
         wrong type); a drafter and a block size for DFLASH and DDTREE."""
-        algo = self.speculative.algorithm
-        raw_spec = p.raw.get("speculative") if isinstance(p.raw.get("speculative"), dict) else {}
-        allowed = SPEC_FIELDS_BY_ALGORITHM.get(algo, set())
+        spec = self.checked_speculative
+        algo = spec.algorithm
+        raw = p.raw.get("speculative")
+        raw_spec: dict[Any, Any] = raw if isinstance(raw, dict) else {}
+        allowed = set() if algo is None else SPEC_FIELDS_BY_ALGORITHM.get(algo, set())
         for key in ("block_size", "budget", "topk_cap", "state_forking", "fused_topk", "reproduce_state_leak"):
             if key in raw_spec and raw_spec[key] is not None and key not in allowed:
                 users = [a for a, keys in SPEC_FIELDS_BY_ALGORITHM.items() if key in keys]
@@ -698,7 +737,7 @@ class ConfigModel(_Section):
         if algo in ("DFLASH", "DDTREE"):
             if self.drafter is None:
                 p.bad("drafter.path", ABSENT, f"required for algorithm {algo}")
-            bs = self.speculative.block_size
+            bs = spec.block_size
             if bs is None:
                 p.bad("speculative.block_size", ABSENT, f"required for algorithm {algo}")
             elif bs < 2 or bs > 64:
@@ -708,7 +747,7 @@ class ConfigModel(_Section):
         """The budget memory rule (sgdeploy.budget): with state forking on, every tree node of every
         running request holds its own recurrent state, so the budget is bounded by the memory left
         after weights and KV cache. Checked when the config says how much that is."""
-        spec, serving, model_path = self.speculative, self.serving, self.model.path
+        spec, serving, model_path = self.checked_speculative, self.checked_serving, self.checked_model.path
         gib = serving.forking_memory_gib
         if gib is None:
             return
@@ -756,7 +795,7 @@ class ConfigModel(_Section):
                 isinstance(desc, str) and len(desc) > MAX_DESCRIPTION:
             p.bad("description", desc, f"at most {MAX_DESCRIPTION} characters (it goes into the unit's header "
                                        "comment)")
-        self.serving.check_strings(p)
+        self.checked_serving.check_strings(p)
         for m in (self.model, self.drafter):
             if m is not None:
                 m.check_strings(p)

@@ -22,6 +22,7 @@ import sys
 import threading
 import time
 from dataclasses import asdict, dataclass, field
+from typing import NoReturn
 
 from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_deploy_units as units
 from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_http
@@ -205,7 +206,7 @@ def warmup(base_url: str, requests: int, max_tokens: int, timeout: float = 600.0
 # --- command line -------------------------------------------------------------------------------
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, exit 2, no usage dump
+    def error(self, message: str) -> NoReturn:  # one line, exit 2, no usage dump
         self.exit(2, f"{self.prog}: {message}\n")
 
 
@@ -243,6 +244,7 @@ def _build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _build_parser().parse_args(argv)
+    result: WaitResult | WarmupResult
     try:
         url = check_url(args.url)
         if args.command == "wait-healthy":
@@ -252,9 +254,10 @@ def main(argv: list[str] | None = None) -> int:
             result = wait_drained(url, args.timeout, args.interval)
             line = f"{args.command}: {result.detail} ({result.waited_s:.1f} s)"
         else:
-            result = warmup(url, args.requests, args.max_tokens, args.timeout)
-            line = (f"warmup: {result.completed}/{result.requests} requests finished "
-                    f"in {result.wall_s:.1f} s" + (f"; {'; '.join(result.errors)}" if result.errors else ""))
+            warm = warmup(url, args.requests, args.max_tokens, args.timeout)
+            result = warm
+            line = (f"warmup: {warm.completed}/{warm.requests} requests finished "
+                    f"in {warm.wall_s:.1f} s" + (f"; {'; '.join(warm.errors)}" if warm.errors else ""))
     except UsageError as err:
         print(f"{_build_parser().prog} {args.command}: {err}", file=sys.stderr)
         return 2

@@ -187,10 +187,10 @@ class Config:
     def ports(self) -> tuple[int, ...]:
         """Every port the config holds on its host: the router's two (serving.port and its metrics) and
         each engine's two."""
-        if not self.serving.router:
+        metrics = self.router_metrics_port
+        if metrics is None:  # no router
             return (self.serving.port, self.serving.nccl_port)
-        return (self.serving.port, *(p for r in self.replicas for p in (r.port, r.nccl_port)),
-                self.router_metrics_port)
+        return (self.serving.port, *(p for r in self.replicas for p in (r.port, r.nccl_port)), metrics)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -294,14 +294,16 @@ def validate(merged: dict[str, Any], source: Path, name: str) -> Config:
         d = m.model_dump()
         return d | {"allow_patterns": None if d["allow_patterns"] is None else tuple(d["allow_patterns"])}
 
-    sv = v.serving.model_dump()
-    spec = v.speculative.model_dump()
+    sv = v.checked_serving.model_dump()
+    spec = v.checked_speculative.model_dump()
+    if v.description is None:  # its default is "" (null takes it); a wrong value is a ConfigError above
+        raise AssertionError("config description not set after validation")
     return Config(
-        name=name, source=source, description=v.description, model=Model(**weights(v.model)),
+        name=name, source=source, description=v.description, model=Model(**weights(v.checked_model)),
         drafter=Drafter(**weights(v.drafter)) if v.drafter is not None and spec["algorithm"] != "NONE" else None,
         speculative=Speculative(**{k: val for k, val in spec.items() if val is not None or k == "algorithm"}),
         serving=Serving(**sv | {"gpus": tuple(sv["gpus"]), "extra_args": tuple(sv["extra_args"])}),
-        gates=Gates(v.gates.model_dump()), merged=merged)
+        gates=Gates(v.checked_gates.model_dump()), merged=merged)
 
 
 def load(name_or_path: str | Path, config_dir: Path = CONFIG_DIR) -> Config:

@@ -34,6 +34,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import ansible_runner
@@ -117,6 +118,14 @@ def needs_state_leak(base: spec.Config, budget: int) -> bool:
     return bool(without - opted_in)
 
 
+def _base_cap(base: spec.Config, budget: int) -> int:
+    """The base's top-k cap, lowered to ``budget`` where the budget is smaller (a cap cannot exceed it)."""
+    cap = base.speculative.topk_cap
+    if cap is None:
+        raise AssertionError(f"{base.name}: a DDTREE config without speculative.topk_cap (spec requires it)")
+    return min(cap, budget) if budget >= 1 else cap
+
+
 def load_base(name_or_path: str) -> spec.Config:
     try:
         base = spec.load(name_or_path)
@@ -158,10 +167,10 @@ def plan_variants(base: spec.Config, budgets: list[int], caps: list[int] | None,
     if base.source.parent.resolve() != spec.CONFIG_DIR.resolve():
         # A base outside configs/: put its merged form beside the variants so that `extends` finds it.
         (config_dir / f"{base.name}.yml").write_text(spec.to_yaml(base))
-    variants, problems = [], []
+    variants: list[Variant] = []
+    problems: list[str] = []
     for budget in budgets:
-        for cap in caps if caps else [min(base.speculative.topk_cap, budget) if budget >= 1
-                                      else base.speculative.topk_cap]:
+        for cap in caps if caps else [_base_cap(base, budget)]:
             name = variant_name(base.name, budget, cap)
             leak = needs_state_leak(base, budget)
             speculative: dict[str, Any] = {"budget": budget, "topk_cap": cap}
@@ -246,13 +255,13 @@ def pick_host(data: dict, inventory: Path, host: str | None) -> tuple[str, dict]
 class Signals:
     """While ``raising``, SIGINT/SIGTERM raise KeyboardInterrupt; otherwise they are only noted."""
 
-    def __init__(self, say):
+    def __init__(self, say: Callable[[str], None]) -> None:
         self.raising = True
         self.received: str | None = None
         self._say = say
         self._old: dict = {}
 
-    def _handle(self, signum, frame) -> None:
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
         name = signal.Signals(signum).name
         first = self.received is None
         self.received = name
@@ -627,7 +636,8 @@ class Sweep:
                                  exactness=gate.GateResult("exactness", "prompts_equal", None, None, None,
                                                            exactness["verdict"], exactness.get("reason") or ""),
                                  exactness_enforced=True)
-        verdicts = {r.gate: {"verdict": r.verdict, "reason": r.reason} for r in gates.results}
+        verdicts: dict[str, dict[str, Any]] = {r.gate: {"verdict": r.verdict, "reason": r.reason}
+                                               for r in gates.results}
         verdicts["exactness"] = {"verdict": exactness["verdict"], "reason": exactness.get("reason")}
         row["gates"] = {g: verdicts.get(g) for g in report.GATE_NAMES}
         row["gates_failed"] = judged.failed_gates
@@ -656,7 +666,7 @@ class Sweep:
         if not self.deployed:
             return {"action": "none", "ok": True, "configs": [], "detail": "no variant was deployed"}
         if before:
-            done = []
+            done: list[str] = []
             for name in before:
                 path = restore_target(name, self.base)
                 if path is None:

@@ -121,7 +121,7 @@ class _Forwarder(threading.Thread):
                         other.sendall(data)
                         continue
                     open_ends.discard(end)  # one side finished sending: pass the half-close on
-                    if other is channel:
+                    if end is sock:  # the other end is the channel
                         channel.shutdown_write()
                     else:
                         with contextlib.suppress(OSError):

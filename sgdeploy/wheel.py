@@ -373,7 +373,11 @@ def patch_tree(
 
 
 def _read(zf: zipfile.ZipFile, entry: Entry) -> bytes:
-    return zf.read(entry.member) if entry.member is not None else entry.path.read_bytes()
+    if entry.member is not None:
+        return zf.read(entry.member)
+    if entry.path is None:
+        raise AssertionError("a wheel entry with neither a zip member nor a file")
+    return entry.path.read_bytes()
 
 
 def set_version(
@@ -487,12 +491,16 @@ def build(
     label = patchset.release_label(patches)
     version = f"{pins.version}+{label}"
     dest = Path(out) / wheel_name(pins, pin, label)
-    result = dict(
-        wheel=dest, label=label, version=version, python=python,
-        features=patchset.features_of(patches), patches=tuple(p.name for p in patches),
-    )  # fmt: skip
+    features, patch_names = patchset.features_of(patches), tuple(p.name for p in patches)
+
+    def result(sha256: str, built: bool) -> BuildResult:
+        return BuildResult(
+            wheel=dest, label=label, version=version, python=python, features=features, patches=patch_names,
+            sha256=sha256, built=built,
+        )  # fmt: skip
+
     if dest.is_file():
-        return BuildResult(**result, sha256=recorded_sha256(dest), built=False)
+        return result(recorded_sha256(dest), built=False)
     names = ", ".join(p.name for p in patches) or "none"
     log(f"building {pins.package} {version} for Python {python} (patches: {names})")
     upstream = fetch_upstream(pins, pin, Path(downloads), index_url, log)
@@ -506,7 +514,7 @@ def build(
         sha = write_wheel(zf, entries, dist_info, dest)
     digest_file(dest).write_text(sha + "\n")
     log(f"wrote {dest} (sha256 {sha})")
-    return BuildResult(**result, sha256=sha, built=True)
+    return result(sha, built=True)
 
 
 def build_features(

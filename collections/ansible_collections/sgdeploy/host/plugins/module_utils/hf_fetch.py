@@ -125,8 +125,8 @@ class Hub:
                 return ModelError(f"{what}: not found at {self.endpoint} ({reason}): check the repository "
                                   "name and the revision")
             return ModelError(f"{what}: HTTP {code} {reason} from {self.endpoint}")
-        reason = getattr(exc, "reason", None) or exc
-        return ModelError(f"{what}: cannot reach {self.endpoint}: {reason}")
+        cause = getattr(exc, "reason", None) or exc
+        return ModelError(f"{what}: cannot reach {self.endpoint}: {cause}")
 
     def model_info(self, repo: str, revision: str) -> dict:
         """`GET /api/models/{repo}/revision/{rev}?blobs=true`: commit sha and siblings with sizes."""
@@ -179,7 +179,8 @@ def remote_files(hub: Hub, repo: str, revision: str, allow_patterns: list[str] |
                          "SGLang can load")
     files = []
     for s in chosen:
-        lfs = s.get("lfs") if isinstance(s.get("lfs"), dict) else {}
+        given = s.get("lfs")
+        lfs: dict = given if isinstance(given, dict) else {}
         size = lfs.get("size", s.get("size"))
         if size is None:
             size = hub.file_size(repo, commit, s["rfilename"])
@@ -280,8 +281,12 @@ def _hasher(entry: dict):
     return None
 
 
-def _expected(entry: dict) -> str | None:
-    return entry.get("sha256") or entry.get("blob_id")
+def _expected(entry: dict) -> str:
+    """The digest `_hasher(entry)` must give; asked only of an entry it gives a hasher for."""
+    expected = entry.get("sha256") or entry.get("blob_id")
+    if expected is None:
+        raise AssertionError(f"file {entry.get('name')}: no sha256 or blob_id to check it against")
+    return expected
 
 
 def safe_rel(name: str) -> str:

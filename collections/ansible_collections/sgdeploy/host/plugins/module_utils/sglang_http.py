@@ -136,9 +136,8 @@ def reason(err: BaseException) -> str:
 
 def refused(err: BaseException) -> bool:
     """True when nothing listens at the address (as opposed to a slow or broken answer)."""
-    if isinstance(err, urllib.error.URLError):
-        err = err.reason
-    return isinstance(err, ConnectionRefusedError)
+    cause = err.reason if isinstance(err, urllib.error.URLError) else err
+    return isinstance(cause, ConnectionRefusedError)
 
 
 def is_healthy(base_url: str, timeout: float = 5.0) -> bool:
