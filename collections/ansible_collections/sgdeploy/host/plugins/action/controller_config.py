@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ansible.plugins.action import ActionBase
+from ansible_collections.sgdeploy.host.plugins.plugin_utils.controller_action import ControllerAction
 
 RENDER_SPEC = {
     "release": {"type": "str", "required": True},
@@ -32,24 +32,16 @@ ARGUMENT_SPEC = {
 }
 
 
-class ActionModule(ActionBase):
-    TRANSFERS_FILES = False
-    _requires_connection = False
-    _supports_check_mode = True
-    _supports_async = False
+class ActionModule(ControllerAction):
+    NAME = "controller_config"
+    MAKE_TARGET = "deploy"
 
     def run(self, tmp=None, task_vars=None):
-        result = super().run(tmp, task_vars)
-        del tmp
-        _, args = self.validate_argument_spec(argument_spec=ARGUMENT_SPEC)
-        result["changed"] = False
-        try:
-            from sgdeploy import controller, render, spec
-        except ImportError as err:
-            result.update(failed=True, msg=f"sgdeploy.host.controller_config: the project's Python package sgdeploy "
-                                           f"does not import in ansible-playbook's interpreter ({err}); run Ansible "
-                                           "from the project's virtualenv (make setup, then make deploy)")
+        result, args = self.start(tmp, task_vars, ARGUMENT_SPEC)
+        loaded = self.sgdeploy(result, "controller", "render", "spec")
+        if loaded is None:
             return result
+        controller, render, spec = loaded
         try:
             # A relative path is taken from chdir, as `sgdeploy` run there would take it; a name stays a name.
             name = args["config"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ansible.plugins.action import ActionBase
+from ansible_collections.sgdeploy.host.plugins.plugin_utils.controller_action import ControllerAction
 
 ARGUMENT_SPEC = {
     "src": {"type": "path", "required": True},
@@ -18,27 +18,19 @@ ARGUMENT_SPEC = {
 }
 
 
-class ActionModule(ActionBase):
-    TRANSFERS_FILES = False
-    _requires_connection = False
-    _supports_check_mode = True
-    _supports_async = False
+class ActionModule(ControllerAction):
+    NAME = "controller_model_pack"
+    MAKE_TARGET = "deploy"
 
     def run(self, tmp=None, task_vars=None):
-        result = super().run(tmp, task_vars)
-        del tmp
-        _, args = self.validate_argument_spec(argument_spec=ARGUMENT_SPEC)
-        # A cache on the controller, not a change of the host: never reported as changed.
-        result["changed"] = False
+        # A cache on the controller, not a change of the host: never reported as changed (start sets False).
+        result, args = self.start(tmp, task_vars, ARGUMENT_SPEC)
         src, out = Path(args["src"]), Path(args["out"])
         result["tar"] = str(out)
-        try:
-            from sgdeploy import models
-        except ImportError as err:
-            result.update(failed=True, msg=f"sgdeploy.host.controller_model_pack: the project's Python package "
-                                           f"sgdeploy does not import in ansible-playbook's interpreter ({err}); run "
-                                           "Ansible from the project's virtualenv (make setup, then make deploy)")
+        loaded = self.sgdeploy(result, "models")
+        if loaded is None:
             return result
+        (models,) = loaded
         if not src.is_dir():
             result.update(failed=True, msg=f"src: {src}: no such folder")
             return result

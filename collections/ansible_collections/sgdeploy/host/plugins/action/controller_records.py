@@ -9,7 +9,7 @@ plugins/modules/controller_records.py.
 
 from __future__ import annotations
 
-from ansible.plugins.action import ActionBase
+from ansible_collections.sgdeploy.host.plugins.plugin_utils.controller_action import ControllerAction
 
 ARGUMENT_SPEC = {
     "records_dir": {"type": "path", "required": True},
@@ -19,24 +19,16 @@ ARGUMENT_SPEC = {
 }
 
 
-class ActionModule(ActionBase):
-    TRANSFERS_FILES = False
-    _requires_connection = False
-    _supports_check_mode = True
-    _supports_async = False
+class ActionModule(ControllerAction):
+    NAME = "controller_records"
+    MAKE_TARGET = "status"
 
     def run(self, tmp=None, task_vars=None):
-        result = super().run(tmp, task_vars)
-        del tmp
-        _, args = self.validate_argument_spec(argument_spec=ARGUMENT_SPEC)
-        result["changed"] = False
-        try:
-            from sgdeploy import records
-        except ImportError as err:
-            result.update(failed=True, msg=f"sgdeploy.host.controller_records: the project's Python package sgdeploy "
-                                           f"does not import in ansible-playbook's interpreter ({err}); run Ansible "
-                                           "from the project's virtualenv (make setup, then make status)")
+        result, args = self.start(tmp, task_vars, ARGUMENT_SPEC)
+        loaded = self.sgdeploy(result, "records")
+        if loaded is None:
             return result
+        (records,) = loaded
         try:
             found, now, unreadable = records.collect(args["records_dir"], args["now_dir"], args["hosts"])
         except records.RecordError as err:

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
+from ansible_collections.sgdeploy.host.plugins.plugin_utils.controller_action import ControllerAction
 
 display = Display()
 
@@ -23,24 +23,16 @@ ARGUMENT_SPEC = {
 }
 
 
-class ActionModule(ActionBase):
-    TRANSFERS_FILES = False
-    _requires_connection = False
-    _supports_check_mode = True
-    _supports_async = False
+class ActionModule(ControllerAction):
+    NAME = "controller_wheel"
+    MAKE_TARGET = "deploy"
 
     def run(self, tmp=None, task_vars=None):
-        result = super().run(tmp, task_vars)
-        del tmp
-        _, args = self.validate_argument_spec(argument_spec=ARGUMENT_SPEC)
-        result["changed"] = False
-        try:
-            from sgdeploy import patchset, spec, wheel
-        except ImportError as err:
-            result.update(failed=True, msg=f"sgdeploy.host.controller_wheel: the project's Python package sgdeploy "
-                                           f"does not import in ansible-playbook's interpreter ({err}); run Ansible "
-                                           "from the project's virtualenv (make setup, then make deploy)")
+        result, args = self.start(tmp, task_vars, ARGUMENT_SPEC)
+        loaded = self.sgdeploy(result, "patchset", "spec", "wheel")
+        if loaded is None:
             return result
+        patchset, spec, wheel = loaded
         log: list[str] = []
 
         def say(line: str) -> None:
