@@ -519,6 +519,10 @@ class Request:
         self.prefilled = False
         self.start = time.monotonic()
         self.end: float | None = None
+        self.first_token: float | None = None  # when the first output token was produced (TTFT)
+        self.last_token: float | None = None  # when the latest output tokens were produced (inter-token latency)
+        self.stream = stream
+        self.health = False  # /health_generate's probe: SGLang counts it like any request; kept for the log
         self.done = threading.Event()
         self.updates: queue.Queue | None = queue.Queue() if stream else None
 
@@ -543,6 +547,10 @@ class Request:
         return "".join(" " + w for w in self.words[:n])
 
     def advance(self, k: int, verify: bool) -> None:
+        now = time.monotonic()
+        if self.generated == 0 and k > 0:
+            self.first_token = now
+        self.last_token = now
         self.generated += k
         if verify:
             self.verify_ct += 1
@@ -554,6 +562,66 @@ class Request:
         self.done.set()
         if self.updates is not None:
             self.updates.put(None)
+
+
+class Histogram:
+    """A Prometheus histogram with SGLang 0.5.23's buckets (``observability/metrics_collector.py``)."""
+
+    def __init__(self, buckets: list[float]):
+        self.bounds = list(buckets)
+        self.counts = [0] * len(self.bounds)
+        self.sum = 0.0
+        self.count = 0
+
+    def observe(self, value: float, n: int = 1) -> None:
+        self.sum += value * n
+        self.count += n
+        for i, bound in enumerate(self.bounds):
+            if value <= bound:
+                self.counts[i] += n
+                break
+
+    def lines(self, name: str, labels: str) -> list[str]:
+        out, cum = [], 0
+        for bound, c in zip(self.bounds, self.counts, strict=True):
+            cum += c
+            out.append(f'{name}_bucket{{{labels},le="{float(bound)}"}} {float(cum)}')
+        out.append(f'{name}_bucket{{{labels},le="+Inf"}} {float(self.count)}')
+        out.append(f"{name}_sum{{{labels}}} {float(self.sum)}")
+        out.append(f"{name}_count{{{labels}}} {float(self.count)}")
+        return out
+
+
+# SGLang 0.5.23's default buckets (TokenizerMetricsCollector)
+TTFT_BUCKETS = [0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400]
+ITL_BUCKETS = [0.002, 0.004, 0.006, 0.008, 0.010, 0.015, 0.020, 0.025, 0.030, 0.035, 0.040, 0.060, 0.080,
+               0.100, 0.200, 0.400, 0.600, 0.800, 1.000, 2.000, 4.000, 6.000, 8.000]
+E2E_BUCKETS = [0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400, 600, 1200, 1800, 2400]
+
+
+class FinishedStats:
+    """What SGLang's tokenizer-side collector counts when a request finishes or aborts, split by
+    ``is_streaming`` where 0.5.23 splits it."""
+
+    def __init__(self) -> None:
+        self.requests = {"true": 0, "false": 0}
+        self.prompt_tokens = {"true": 0, "false": 0}
+        self.generation_tokens = {"true": 0, "false": 0}
+        self.spec_verify_calls = 0
+        self.aborted = 0
+        self.ttft = {"true": Histogram(TTFT_BUCKETS), "false": Histogram(TTFT_BUCKETS)}
+        self.e2e = {"true": Histogram(E2E_BUCKETS), "false": Histogram(E2E_BUCKETS)}
+        self.itl = Histogram(ITL_BUCKETS)
+
+    def finished(self, r: "Request") -> None:
+        key = "true" if r.stream else "false"
+        self.requests[key] += 1
+        self.prompt_tokens[key] += r.prompt_tokens
+        self.generation_tokens[key] += r.generated
+        self.spec_verify_calls += r.verify_ct
+        if r.first_token is not None:
+            self.ttft[key].observe(r.first_token - r.start)
+        self.e2e[key].observe((r.end or time.monotonic()) - r.start)
 
 
 class PrefixCache:
@@ -602,9 +670,7 @@ class Engine:
         # statistics
         self.cum_accept = 0
         self.cum_verify = 0
-        self.gen_tokens_total = 0
-        self.prompt_tokens_total = 0
-        self.requests_total = 0
+        self.stats = FinishedStats()
         self.gen_throughput = 0.0
         self.spec_accept_length = 0.0
         self._win_tokens = 0
@@ -622,13 +688,12 @@ class Engine:
 
     def submit(self, req: Request) -> None:
         with self.cv:
-            self.requests_total += 1
-            self.prompt_tokens_total += req.prompt_tokens
             req.cached_tokens = self.cache.match(req.prompt_ids, req.max_prefix)
             if req.max_new <= 0:
                 req.prefilled = True
                 self.cache.insert(req.prompt_ids)
                 req.finish()
+                self.stats.finished(req)
                 return
             self.reqs.append(req)
             self.cv.notify_all()
@@ -657,7 +722,6 @@ class Engine:
                         r.prefilled = True
                         self.cache.insert(r.prompt_ids)
                         r.advance(1, verify=False)
-                        self.gen_tokens_total += 1
                         self._win_tokens += 1
                     self._retire(new)
                 continue
@@ -668,8 +732,10 @@ class Engine:
                 for r, k in zip(batch, draws, strict=True):
                     k = min(k, r.remaining)
                     spec = self.cfg.algorithm != "NONE"
+                    before = r.last_token
                     r.advance(k, verify=spec)
-                    self.gen_tokens_total += k
+                    if before is not None and k > 0 and r.last_token is not None:
+                        self.stats.itl.observe((r.last_token - before) / k, k)
                     self._win_tokens += k
                     if spec:
                         self.cum_accept += k
@@ -687,6 +753,7 @@ class Engine:
                 self.reqs.remove(r)
                 self.cache.insert(r.prompt_ids + r.output_ids()[:-1])  # the last token has no KV yet
                 r.finish()
+                self.stats.finished(r)
 
     def _close_window(self, running: int) -> None:
         now = time.monotonic()
@@ -754,8 +821,9 @@ class Sim:
 
     def __init__(self, args: argparse.Namespace, version: str | None, features: set[str], hybrid: bool,
                  hybrid_source: str, crash_after: int | None, accept_override: float | None,
-                 engine: Engine):
+                 engine: Engine, collapse: tuple[int, float] | None = None):
         self.args = args
+        self.collapse = collapse  # (after N completed requests, the mean accept length from then on)
         self.version = version
         self.features = features
         self.hybrid = hybrid
@@ -783,10 +851,23 @@ class Sim:
             if completed:
                 self.completed += 1
                 crash = self.crash_after is not None and self.completed >= self.crash_after
+                if self.collapse is not None and self.completed == self.collapse[0]:
+                    self._collapse()
         if crash:
             log(f"ERROR: Scheduler hit an exception: simulated crash after {self.completed} completed "
                 f"requests (SGLANG_SIM_CRASH_AFTER={self.crash_after}); exiting abruptly")
             os._exit(1)
+
+    def _collapse(self) -> None:
+        """The fault SGLANG_SIM_COLLAPSE_AFTER: acceptance falls for every later step, as when a drafter's
+        state goes stale under live traffic; the server stays healthy and keeps answering."""
+        assert self.collapse is not None
+        after, mean = self.collapse
+        with self.engine.cv:
+            before = self.engine.accept_mean
+            self.engine.accept_mean = min(mean, float(self.engine.cfg.cap))
+        log(f"WARNING: simulated acceptance collapse after {after} completed requests "
+            f"(SGLANG_SIM_COLLAPSE_AFTER={after}): mean accept length {before:.3f} -> {self.engine.accept_mean:.3f}")
 
     def server_info(self) -> dict:
         a = self.args
@@ -827,32 +908,55 @@ class Sim:
         return info
 
     def metrics(self) -> str:
+        """SGLang 0.5.23's exposition for what the project reads: the scheduler's gauges (labelled
+        model_name, engine_type, tp_rank, pp_rank, moe_ep_rank) and the tokenizer's counters and
+        histograms (model_name, engine_type; and is_streaming where 0.5.23 has it), counted when a request
+        finishes, as ``TokenizerMetricsCollector.observe_one_finished_request`` counts them."""
         e = self.engine
         name = self.args.served_model_name.replace("\\", "\\\\").replace('"', '\\"')
-        label = '{model_name="' + name + '"}'
-        with e.cv:
-            running = len(e.reqs)
-            rows = [
-                ("sglang:num_running_reqs", "gauge", "The number of running requests.", running),
-                ("sglang:num_queue_reqs", "gauge", "The number of requests in the waiting queue.", 0),
-                ("sglang:gen_throughput", "gauge", "The generation throughput (token/s).", e.gen_throughput),
-                ("sglang:spec_accept_length", "gauge", "The average acceptance length of speculative "
-                 "decoding (latest interval).", e.spec_accept_length),
-                ("sglang:num_requests_total", "counter", "Number of requests processed.", e.requests_total),
-                ("sglang:prompt_tokens_total", "counter", "Number of prefill tokens processed.",
-                 e.prompt_tokens_total),
-                ("sglang:generation_tokens_total", "counter", "Number of generation tokens processed.",
-                 e.gen_tokens_total),
-                ("sglang:spec_verify_ct_total", "counter", "Number of speculative verify steps.",
-                 e.cum_verify),
-            ]
-        out = []
-        for name, kind, help_text, value in rows:
-            out.append(f"# HELP {name} {help_text}")
-            out.append(f"# TYPE {name} {kind}")
-            out.append(f"{name}{label} {float(value)}")
-        return "\n".join(out) + "\n"
+        tok = f'model_name="{name}",engine_type="unified"'
+        sched = tok + ',moe_ep_rank="0",pp_rank="0",tp_rank="0"'
+        out: list[str] = []
 
+        def family(metric: str, kind: str, help_text: str, samples: list[tuple[str, float]]) -> None:
+            # prometheus_client's text format: a counter's HELP/TYPE name carries "_total" like its sample
+            # (SGLang runs it in multiprocess mode, which exposes no "_created" samples)
+            out.append(f"# HELP {metric} {help_text}")
+            out.append(f"# TYPE {metric} {kind}")
+            out.extend(f"{metric}{{{labels}}} {float(value)}" for labels, value in samples)
+
+        with e.cv:
+            st = e.stats
+            family("sglang:num_running_reqs", "gauge", "The number of running requests.", [(sched, len(e.reqs))])
+            family("sglang:num_queue_reqs", "gauge", "The number of requests in the waiting queue.", [(sched, 0)])
+            family("sglang:gen_throughput", "gauge", "The generation throughput (token/s).",
+                   [(sched, e.gen_throughput)])
+            if self.args.speculative_algorithm != "NONE":
+                family("sglang:spec_accept_length", "gauge", "The average acceptance length of speculative "
+                       "decoding.", [(sched, e.spec_accept_length)])
+            family("sglang:prompt_tokens_total", "counter", "Number of prefill tokens processed.",
+                   [(f'{tok},is_streaming="{k}"', v) for k, v in st.prompt_tokens.items()])
+            family("sglang:generation_tokens_total", "counter", "Number of generation tokens processed.",
+                   [(f'{tok},is_streaming="{k}"', v) for k, v in st.generation_tokens.items()])
+            family("sglang:spec_verify_calls_total", "counter",
+                   "Number of speculative decoding verification calls.", [(tok, st.spec_verify_calls)])
+            family("sglang:num_requests_total", "counter", "Number of requests processed.",
+                   [(f'{tok},is_streaming="{k}"', v) for k, v in st.requests.items()])
+            family("sglang:num_aborted_requests_total", "counter", "Number of requests aborted.",
+                   [(tok, st.aborted)])
+            for metric, help_text, hists in (
+                    ("sglang:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
+                     st.ttft),
+                    ("sglang:e2e_request_latency_seconds", "Histogram of End-to-end request latency in seconds",
+                     st.e2e)):
+                out.append(f"# HELP {metric} {help_text}")
+                out.append(f"# TYPE {metric} histogram")
+                for k, h in hists.items():
+                    out.extend(h.lines(metric, f'{tok},is_streaming="{k}"'))
+            out.append("# HELP sglang:inter_token_latency_seconds Histogram of inter-token latency in seconds.")
+            out.append("# TYPE sglang:inter_token_latency_seconds histogram")
+            out.extend(st.itl.lines("sglang:inter_token_latency_seconds", tok))
+        return "\n".join(out) + "\n"
 
 def _number(body: dict, key: str, default, kind, lo, hi=None):
     value = body.get(key, default)
@@ -984,6 +1088,8 @@ class Handler(BaseHTTPRequestHandler):
             self._error(400, str(exc))
         except (BrokenPipeError, ConnectionResetError):
             log(f"WARNING: client went away during POST {path}")
+            with self.sim.engine.cv:
+                self.sim.engine.stats.aborted += 1
         finally:
             self.sim.release(completed)
 
@@ -1250,6 +1356,8 @@ def main(argv: list[str] | None = None) -> int:
         slowdown = env_float("SGLANG_SIM_SLOWDOWN", 1.0, lo=0.01)
         override_raw = os.environ.get("SGLANG_SIM_ACCEPT_OVERRIDE", "")
         accept_override = env_float("SGLANG_SIM_ACCEPT_OVERRIDE", 1.0, lo=1.0) if override_raw else None
+        collapse_after = env_int("SGLANG_SIM_COLLAPSE_AFTER", None, lo=1)
+        collapse_accept = env_float("SGLANG_SIM_COLLAPSE_ACCEPT", 1.2, lo=1.0)
         seed = env_int("SGLANG_SIM_SEED", 0)
         drain_timeout = env_float("SGLANG_SIM_DRAIN_TIMEOUT_S", 300.0)
         hybrid, hybrid_source = model_is_hybrid(args.model_path)
@@ -1269,7 +1377,8 @@ def main(argv: list[str] | None = None) -> int:
     if accept_override is not None:
         accept = min(accept_override, float(cfg.cap))
     engine = Engine(cfg, accept, slowdown, seed)
-    sim = Sim(args, version, features, hybrid, hybrid_source, crash_after, accept_override, engine)
+    collapse = None if collapse_after is None else (collapse_after, collapse_accept)
+    sim = Sim(args, version, features, hybrid, hybrid_source, crash_after, accept_override, engine, collapse)
     Handler.sim = sim
 
     log("SGLang SIMULATOR (test equipment, no GPU, no model weights): sglang_sim.py")

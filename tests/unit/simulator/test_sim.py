@@ -361,16 +361,50 @@ def test_server_info_reports_the_switches_the_server_was_started_with(fleet):
     assert info["state_forking"] is False and info["fused_topk"] is False
 
 
-def test_metrics_has_the_gauges(fleet):
+def test_metrics_have_sglang_0_5_23s_names_types_and_labels(fleet):
+    from prometheus_client.parser import text_string_to_metric_families
     sim = fleet["main"].wait_ready()
-    sim.generate("metrics please", 16)
+    before = serving.parse_metrics(sim.get("/metrics").text)
+    metas = [sim.generate(f"metrics please {i}", 16)["meta_info"] for i in range(3)]
     text = sim.get("/metrics").text
     values = serving.parse_metrics(text)  # prometheus_client's parser: the text is valid exposition format
+    families = {f.name: f for f in text_string_to_metric_families(text)}
     for gauge in ("sglang:num_running_reqs", "sglang:gen_throughput", "sglang:spec_accept_length"):
-        assert f"# TYPE {gauge} gauge" in text
+        assert families[gauge].type == "gauge"
+        assert set(families[gauge].samples[0].labels) == {"model_name", "engine_type", "tp_rank", "pp_rank",
+                                                          "moe_ep_rank"}
+    for counter in ("sglang:num_requests", "sglang:generation_tokens", "sglang:spec_verify_calls",
+                    "sglang:num_aborted_requests", "sglang:prompt_tokens"):
+        assert families[counter].type == "counter", counter
+    for hist in ("sglang:time_to_first_token_seconds", "sglang:inter_token_latency_seconds",
+                 "sglang:e2e_request_latency_seconds"):
+        assert families[hist].type == "histogram", hist
+    gen = [s for s in families["sglang:generation_tokens"].samples if s.name.endswith("_total")]
+    assert {s.labels["is_streaming"] for s in gen} == {"true", "false"}
+    assert all(s.labels["model_name"] == "qwen" for s in gen)
+    # the counters move by what the finished requests report: the watch's accept length is their ratio
+    d_gen = values["sglang:generation_tokens_total"] - before.get("sglang:generation_tokens_total", 0)
+    d_ver = values["sglang:spec_verify_calls_total"] - before.get("sglang:spec_verify_calls_total", 0)
+    assert d_gen == sum(m["completion_tokens"] for m in metas)
+    assert d_ver == sum(m["spec_verify_ct"] for m in metas)
+    assert values["sglang:num_requests_total"] - before.get("sglang:num_requests_total", 0) == 3
     assert values["sglang:spec_accept_length"] > 1 and values["sglang:gen_throughput"] > 0
-    assert values["sglang:num_requests_total"] >= 1
     assert fleet["ar"].wait_ready().get("/metrics").status_code == 404  # no --enable-metrics
+
+
+def test_acceptance_collapses_after_n_completed_requests_and_the_server_stays_healthy(tmp_path):
+    sim = Sim(tmp_path, "collapse", "ddtree.fork.topk.abcdef12", ddtree(15) + ["--enable-metrics"],
+              {"SGLANG_SIM_COLLAPSE_AFTER": "2", "SGLANG_SIM_COLLAPSE_ACCEPT": "1.5"})
+    try:
+        sim.wait_ready()
+        healthy = [accept(sim.generate(f"before {i}", 64)["meta_info"]) for i in range(2)]
+        collapsed = [accept(sim.generate(f"after {i}", 64)["meta_info"]) for i in range(3)]
+        assert min(healthy) > 3, healthy
+        assert max(collapsed) < 2.2, collapsed
+        assert sim.get("/health").status_code == 200
+        assert "simulated acceptance collapse after 2 completed requests" in sim.log
+    finally:
+        sim.stop()
 
 
 def test_openai_completions_and_streaming_chat(fleet):
