@@ -37,8 +37,30 @@ def test_driver_and_cuda_packages_installed_and_held(host, branch, cuda):
         assert status.stdout.startswith("hold "), f"{name} is not held: {status.stdout}"
 
 
-def test_fabric_manager_absent(host, branch):
-    assert not host.package(f"nvidia-fabricmanager-{branch}").is_installed
+def nvswitch_system(host, hostvars) -> tuple[bool, str]:
+    """Whether the host is an NVSwitch system, as the driver role decides it (nvidia_driver_nvswitch: auto
+    reads lspci: NVIDIA functions of class 0680 are NVSwitch chips)."""
+    setting = str(hostvars.get("nvidia_driver_nvswitch", "auto")).lower()
+    if setting != "auto":
+        return setting in ("true", "yes", "1", "on"), f"nvidia_driver_nvswitch={setting}"
+    listing = host.run("lspci -nn -d 10de:").stdout
+    chips = [line for line in listing.splitlines() if "[0680]" in line]
+    return bool(chips), f"lspci lists {len(chips)} NVSwitch chip(s)"
+
+
+def test_fabric_manager_runs_on_nvswitch_systems_and_is_absent_on_pcie_cards(host, hostvars, branch):
+    has_switch, why = nvswitch_system(host, hostvars)
+    package = host.package(f"nvidia-fabricmanager-{branch}")
+    if not has_switch:
+        assert not package.is_installed, (
+            f"fabric manager {package.version} installed on a host without NVSwitch ({why})")
+        return
+    assert package.is_installed, f"fabric manager not installed on an NVSwitch system ({why})"
+    service = host.service("nvidia-fabricmanager")
+    assert service.is_enabled and service.is_running, f"nvidia-fabricmanager not enabled and running ({why})"
+    version_file = hostvars.get("nvidia_driver_module_version_file", "/sys/module/nvidia/version")
+    loaded = host.file(version_file).content_string.strip()
+    assert package.version.startswith(loaded), f"fabric manager {package.version}, loaded driver {loaded!r}"
 
 
 def test_unattended_upgrades_leave_nvidia_alone(host):

@@ -380,6 +380,7 @@ def gpu_conf(host: Host) -> str:
             f'GPU_NAME="{GPU_NAME}"\n'
             f"GPU_MEMORY_MIB={GPU_MEMORY_MIB}\n"
             f"MODULE_FLAVOUR=open\n"
+            f"NVSWITCH_COUNT=0\n"
             f"SECURE_BOOT=off\n")
 
 

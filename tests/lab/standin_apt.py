@@ -159,7 +159,11 @@ def driver_packages(branch: str, version: str, workdir: Path) -> list[Package]:
         Package(
             f"nvidia-fabricmanager-{branch}", deb_version,
             f"NVIDIA fabric manager for NVSwitch systems, branch {branch} (lab stand-in)",
-            files={"usr/bin/nv-fabricmanager": (b"#!/bin/sh\nexit 1\n", 0o755)},
+            files={
+                "usr/bin/nv-fabricmanager": (_text("nv-fabricmanager", DRIVER_VERSION=version), 0o755),
+                "usr/lib/systemd/system/nvidia-fabricmanager.service": (
+                    _text("nvidia-fabricmanager.service"), 0o644),
+            },
         ),
     ]
 

@@ -12,6 +12,7 @@ stand-in cleared), so it does not depend on what ran before it; it leaves them p
 from __future__ import annotations
 
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -58,7 +59,7 @@ def set_conf(lab, host: str, **values: str) -> None:
 
 
 def restore_conf(lab, host: str) -> None:
-    set_conf(lab, host, GPU_COUNT="8", MODULE_FLAVOUR="open", SECURE_BOOT="off")
+    set_conf(lab, host, GPU_COUNT="8", MODULE_FLAVOUR="open", SECURE_BOOT="off", NVSWITCH_COUNT="0")
     lab.ssh(host, "sed -i '/^DRIVER_GPU_COUNT=/d' /etc/lab-gpu.conf")
 
 
@@ -220,6 +221,49 @@ def test_second_run_changes_nothing(plab):
         counts = recap(proc)[host]
         assert counts["changed"] == 0 and counts["failed"] == 0, f"{host}: {counts}\n{proc.stdout[-4000:]}"
         assert boot_id(plab, host) == boots[host], f"{host} rebooted on an unchanged run"
+
+
+def run_infra_nvidia(lab) -> subprocess.CompletedProcess:
+    """`make verify`'s NVIDIA checks (testinfra over the lab inventory), as an operator runs them."""
+    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rA", "tests/infra/test_nvidia.py",
+           "-k", "fabric_manager", "--hosts=ansible://gpu_hosts", f"--ansible-inventory={lab.inventory}"]
+    return subprocess.run(cmd, cwd=REPO, env=lab.ansible_env(), text=True, capture_output=True, timeout=600,
+                          stdin=subprocess.DEVNULL)
+
+
+def test_nvswitch_host_runs_fabric_manager_and_pcie_hosts_keep_it_absent(plab):
+    """Issue 37 (HGX): lab2 turns into an NVSwitch system (4 chips of class 0680 on its PCI bus, what the
+    stand-in lspci lists); provisioning installs fabric manager of the driver's version there, pinned and
+    held, and has it running before the verify step; lab1 (PCIe cards) keeps it absent. Forced on a host
+    without chips, fabric manager exits at start and the run fails naming why. Back to PCIe, it is removed."""
+    set_conf(plab, "lab2", NVSWITCH_COUNT="4")
+    try:
+        proc = provision(plab)
+        text = output(proc)
+        assert proc.returncode == 0, text[-4000:]
+        assert installed(plab, "lab2", "nvidia-fabricmanager-580")
+        assert plab.ssh("lab2", "dpkg-query -W -f '${Version}' nvidia-fabricmanager-580").stdout == "580.95.05-1"
+        assert re.search(r"^nvidia-fabricmanager-580\s+hold$", plab.ssh("lab2", "dpkg --get-selections").stdout, re.M)
+        assert plab.ssh("lab2", "systemctl is-enabled nvidia-fabricmanager").stdout.strip() == "enabled"
+        assert plab.ssh("lab2", "systemctl is-active nvidia-fabricmanager").stdout.strip() == "active"
+        assert not installed(plab, "lab1", "nvidia-fabricmanager-580")
+        assert "NVSwitch system: fabric manager nvidia-fabricmanager active" in text
+        assert text.count("NVSwitch: fabric manager active") >= 1 and "no NVSwitch: fabric manager absent" in text
+        verify = run_infra_nvidia(plab)
+        assert verify.returncode == 0, (verify.stdout + verify.stderr)[-3000:]
+        assert verify.stdout.count("PASSED") == len(plab.hosts), verify.stdout[-3000:]
+
+        forced = provision(plab, "--limit", "lab1", nvidia_driver_nvswitch=True)
+        forced_text = output(forced)
+        assert forced.returncode != 0, forced_text[-3000:]
+        assert "Fabric manager (nvidia-fabricmanager) on lab1 is" in forced_text, forced_text[-3000:]
+        assert "NVSwitch devices not found" in forced_text, forced_text[-3000:]
+    finally:
+        set_conf(plab, "lab2", NVSWITCH_COUNT="0")
+        back = provision(plab, "--limit", "lab1,lab2")
+    assert back.returncode == 0, output(back)[-4000:]
+    for host in ("lab1", "lab2"):
+        assert not installed(plab, host, "nvidia-fabricmanager-580"), f"{host}: fabric manager left on PCIe cards"
 
 
 def test_fewer_gpus_than_inventory_fails_verification(plab):

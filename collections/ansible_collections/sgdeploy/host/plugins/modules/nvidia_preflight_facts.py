@@ -12,7 +12,7 @@ module: nvidia_preflight_facts
 short_description: Gather what the NVIDIA provisioning preflight checks, changing nothing
 description:
   - Reads /etc/os-release, C(mokutil --sb-state) (and C(mokutil --test-key) for the module
-    signing key), C(lspci -nn -d 10de:) and the free space of a path.
+    signing key), C(lspci -nn -d 10de:) (GPUs and NVSwitch chips) and the free space of a path.
 options:
   os_release:
     description: Path of the os-release file.
@@ -57,19 +57,22 @@ mok_key_enrolled:
 lspci_found: {description: lspci exists, type: bool, returned: always}
 gpus: {description: "NVIDIA display-class PCI functions: slot, pci_id, description", type: list, returned: always}
 gpu_count: {description: number of gpus, type: int, returned: always}
+nvswitches:
+  description: "NVIDIA NVSwitch chips on the PCI bus (class 0680): slot, pci_id, description; empty on PCIe-card hosts"
+  type: list
+  returned: always
+nvswitch_count: {description: number of nvswitches, type: int, returned: always}
 free_gb: {description: free space under disk_path in GB (10^9 bytes), type: float, returned: always}
 """
 
 
 import os
-import re
 import shutil
 import subprocess
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.sgdeploy.host.plugins.module_utils import nvidia_pci
 
-# `lspci -nn` line: "18:00.0 3D controller [0302]: NVIDIA Corporation GB202GL [...] [10de:2bb5] (rev a1)"
-LSPCI_GPU = re.compile(r"^(?P<slot>\S+) .*\[(?P<cls>03[0-9a-f]{2})\]: (?P<desc>.*)\[(?P<id>10de:[0-9a-f]{4})\]", re.I)
 EFI_SB_VAR = "/sys/firmware/efi/efivars/SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c"
 
 
@@ -116,18 +119,6 @@ def secure_boot_state(mok_key):
         return "unknown", f"mokutil not installed and {EFI_SB_VAR} unreadable: {exc}", False
 
 
-def nvidia_gpus():
-    if not shutil.which("lspci"):
-        return False, []
-    _rc, out = run(["lspci", "-nn", "-d", "10de:"])
-    gpus = []
-    for line in out.splitlines():
-        match = LSPCI_GPU.match(line.strip())
-        if match:
-            gpus.append({"slot": match["slot"], "pci_id": match["id"].lower(), "description": match["desc"].strip()})
-    return True, gpus
-
-
 def main():
     module = AnsibleModule(
         argument_spec={
@@ -143,7 +134,8 @@ def main():
     except OSError as exc:
         module.fail_json(msg=f"cannot read {p['os_release']}: {exc}")
     sb_state, sb_out, enrolled = secure_boot_state(p["mok_key"])
-    lspci_found, gpus = nvidia_gpus()
+    lspci_found, functions = nvidia_pci.read()
+    gpus, switches = nvidia_pci.gpus(functions), nvidia_pci.nvswitches(functions)
     stat = os.statvfs(p["disk_path"])
     os_id = osr.get("ID", "")
     version_id = osr.get("VERSION_ID", "")
@@ -158,6 +150,8 @@ def main():
         lspci_found=lspci_found,
         gpus=gpus,
         gpu_count=len(gpus),
+        nvswitches=switches,
+        nvswitch_count=len(switches),
         free_gb=round(stat.f_bavail * stat.f_frsize / 1e9, 1),
     )
 
