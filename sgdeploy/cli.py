@@ -320,7 +320,7 @@ def cmd_rules(args: argparse.Namespace) -> int:
                              "the rules select a config by its name")
         configs[config.name] = config
     try:
-        text = monitoring_rules.render_rules(configs)
+        text = monitoring_rules.render_rules(configs, args.time_scale)
     except ValueError as err:
         raise UsageError(str(err)) from None
     if not args.out:
@@ -408,6 +408,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "(all of configs/ by default; docs/monitoring-rules.md)")
     p.add_argument("configs", nargs="*", metavar="CONFIG", help="config names (configs/NAME.yml) or YAML paths")
     p.add_argument("-o", "--out", default="", help="the rule file to write (default: standard output)")
+    p.add_argument("--time-scale", type=int, default=1, metavar="N",
+                   help="divide every window and duration by N, e.g. 10 for a lab test (default 1: as documented)")
     p.set_defaults(func=cmd_rules)
 
     for name, (_module, text) in DELEGATED.items():

@@ -173,6 +173,24 @@ def test_a_wrong_rule_fails_the_promtool_tests(promtool, tmp_path, mutation):
     assert proc.returncode != 0 and "FAILED" in proc.stdout + proc.stderr, proc.stdout
 
 
+def test_a_time_scale_divides_every_window_and_promtool_accepts_it(promtool, tmp_path):
+    assert monitoring_rules.windows(1) == monitoring_rules.DEFAULT_WINDOWS
+    assert monitoring_rules.DEFAULT_WINDOWS.rate == monitoring_rules.RATE_WINDOW == "5m"
+    win = monitoring_rules.windows(10)
+    assert (win.rate, win.rate_s, win.accept_for, win.down_for, win.restarts) == ("30s", 30, "1m", "12s", "90s")
+    text = monitoring_rules.render_rules(load("ddtree-b15"), time_scale=10)
+    assert "[5m]" not in text and "for: 10m" not in text and "sglang:requests:rate30s * 30 >= 3" in text
+    (tmp_path / "rules.yml").write_text(text)
+    proc = run(promtool, "check", "rules", "rules.yml", cwd=tmp_path)
+    assert proc.returncode == 0 and "SUCCESS" in proc.stdout, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("scale", [0, -1, 1.5, True])
+def test_a_bad_time_scale_is_refused(scale):
+    with pytest.raises(ValueError, match="give a whole number of 1 or more"):
+        monitoring_rules.windows(scale)
+
+
 # ---- what the rendered rules say ----
 
 def test_thresholds_come_from_each_configs_gates():
@@ -229,6 +247,7 @@ def test_rules_command_without_configs_covers_configs_dir(capsys):
 @pytest.mark.parametrize("args, message", [
     (["rules", "no-such-config"], "no-such-config: no config of that name"),
     (["rules", "ddtree-b15", "-o", "/proc/no/rules.yml"], "sgdeploy rules: /proc/no/rules.yml: cannot write"),
+    (["rules", "ddtree-b15", "--time-scale", "0"], "sgdeploy rules: time scale 0: give a whole number of 1 or more"),
 ])
 def test_rules_command_refuses_bad_input_with_one_line(capsys, args, message):
     assert cli.main(args) == 2
