@@ -613,7 +613,7 @@ class FinishedStats:
         self.e2e = {"true": Histogram(E2E_BUCKETS), "false": Histogram(E2E_BUCKETS)}
         self.itl = Histogram(ITL_BUCKETS)
 
-    def finished(self, r: "Request") -> None:
+    def finished(self, r: Request) -> None:
         key = "true" if r.stream else "false"
         self.requests[key] += 1
         self.prompt_tokens[key] += r.prompt_tokens
