@@ -133,8 +133,19 @@ define ensure_lab
 	fi
 endef
 
+# promtool, the real Prometheus rule checker the unit tests run on the rendered alert rules (`sgdeploy rules`,
+# tests/unit/tool/test_monitoring_rules.py): Debian 12's prometheus package, pinned by URL and sha256, is
+# downloaded once into build/downloads/ and only promtool is unpacked from it (dpkg-deb; nothing is installed).
+# The pool keeps a Debian package only while it is current: when the pinned one is gone (a point release
+# replaced it) or the machine is not amd64, apt's own prometheus is taken (`apt-get download`, checked against
+# apt's signed index) and one line says which version; bump the pin then. A wrong sha256 is never accepted.
+PROMETHEUS_DEB_VERSION := 2.42.0+ds-5+deb12u1
+PROMETHEUS_DEB_URL     := http://deb.debian.org/debian/pool/main/p/prometheus/prometheus_2.42.0%2Bds-5%2Bdeb12u1_amd64.deb
+PROMETHEUS_DEB_SHA256  := 81d59a24fce84f7fbe97a45a4f2914b6a5881b5cd1db2a6a0e129e515e1a5f55
+PROMTOOL               := build/tools/promtool
+
 .PHONY: help setup lint sanity test test-unit test-slow test-lab config render validate wheel deploy gate rollback \
-        status provision build verify sweep lab-up lab-down lab-status clean
+        status provision build verify sweep lab-up lab-down lab-status clean promtool
 
 help: ## List the targets and the variables a user sets
 	@echo "Targets:"
@@ -250,8 +261,33 @@ sanity: $(STAMP) ## ansible-test sanity on the collection (validate-modules, imp
 	cd $(COLLECTION_ROOT) && HOME=$(ANSIBLE_TEST_HOME) $(CURDIR)/$(VENV)/bin/ansible-test sanity --python 3.11 \
 	  --color no --skip-test pep8 --skip-test pylint --skip-test changelog
 
-test-unit: $(STAMP) ## CPU tests (no lab), without the slow ones (under 2 minutes)
+test-unit: $(STAMP) $(PROMTOOL) ## CPU tests (no lab), without the slow ones (under 2 minutes)
 	$(PY) -m pytest -p no:cacheprovider -q -m "not slow" tests/unit
+
+promtool: $(PROMTOOL) ## Fetch promtool (Debian's prometheus .deb, sha256-pinned) into build/tools/ for the rule tests
+
+$(PROMTOOL):
+	@mkdir -p build/downloads build/tools
+	@deb="build/downloads/prometheus_$(PROMETHEUS_DEB_VERSION)_amd64.deb"; \
+	 if [ "$$(dpkg --print-architecture)" = amd64 ] && { [ -f "$$deb" ] || { \
+	      python3 -c 'import sys, urllib.request; urllib.request.urlretrieve(sys.argv[1], sys.argv[2])' \
+	        "$(PROMETHEUS_DEB_URL)" "$$deb.part" 2>/dev/null && mv "$$deb.part" "$$deb"; }; }; then \
+	   if ! echo "$(PROMETHEUS_DEB_SHA256)  $$deb" | sha256sum -c --status; then \
+	     echo "$$deb: sha256 is not the pinned $(PROMETHEUS_DEB_SHA256); removed, nothing unpacked" >&2; \
+	     rm -f "$$deb"; exit 1; fi; \
+	 else \
+	   rm -f "$$deb.part"; dir="$$(mktemp -d build/downloads/apt.XXXXXX)"; \
+	   ( cd "$$dir" && { apt-get download -qq prometheus 2>/dev/null || \
+	     { apt-get update -qq && apt-get download -qq prometheus; }; } ) || \
+	     { echo "promtool: neither $(PROMETHEUS_DEB_URL) nor apt-get download prometheus gave the package" >&2; \
+	       rm -rf "$$dir"; exit 1; }; \
+	   deb="$$(ls "$$dir"/prometheus_*.deb)"; \
+	   echo "promtool: the pinned prometheus $(PROMETHEUS_DEB_VERSION) (amd64) is not available; using apt's" \
+	        "$$(dpkg-deb -f "$$deb" Version) ($$(dpkg-deb -f "$$deb" Architecture)) - update PROMETHEUS_DEB_* in the Makefile" >&2; \
+	 fi; \
+	 dpkg-deb --fsys-tarfile "$$deb" | tar -xO ./usr/bin/promtool > "$@.part"; \
+	 rm -rf build/downloads/apt.*; chmod 0755 "$@.part"; mv "$@.part" "$@"
+	@$@ --version | head -1
 
 test-slow: $(STAMP) ## The slow CPU tests (they build CPU virtualenvs; minutes)
 	$(PY) -m pytest -p no:cacheprovider -q -m slow tests/unit

@@ -7,6 +7,7 @@
     sgdeploy hosts --inventory INV [--limit P]   the hosts of gpu_hosts a play would target (none: exit 2)
     sgdeploy wheel|sweep|bench|records|patchwork  the modules' own command lines (sgdeploy.wheel, ...)
     sgdeploy report DIR                          rewrite a sweep report's results.md and sweep.png
+    sgdeploy rules [CONFIG ...] [-o FILE]        Prometheus recording and alert rules from the configs' gates
 
 A thin layer over the modules (tests call their functions directly). Exit codes: 0 success, 1 a
 check failed, 2 bad input (a config problem, a wrong argument), with one line naming the problem.
@@ -306,6 +307,35 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_rules(args: argparse.Namespace) -> int:
+    """The Prometheus rule file (sgdeploy.monitoring_rules) for the named configs, default all of configs/."""
+    from sgdeploy import monitoring_rules
+
+    configs: dict[str, spec.Config] = {}
+    for arg in args.configs or spec.available():
+        config = spec.load(arg)
+        other = configs.get(config.name)
+        if other is not None and other.source != config.source:
+            raise UsageError(f"two configs named {config.name}: {other.source} and {config.source}; "
+                             "the rules select a config by its name")
+        configs[config.name] = config
+    try:
+        text = monitoring_rules.render_rules(configs, args.time_scale)
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+    if not args.out:
+        sys.stdout.write(text)
+        return 0
+    out = Path(args.out)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text)
+    except OSError as err:
+        raise UsageError(f"{out}: cannot write: {err.strerror}") from None
+    print(out)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog=PROG, description=__doc__.split("\n\n")[0],
                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
@@ -373,6 +403,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("report", help="rewrite a sweep report's results.md and sweep.png from its results.json")
     p.add_argument("dir", help="the sweep's report folder (reports/sweeps/<id>) or its results.json")
     p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("rules", help="write the Prometheus recording and alert rules of configs "
+                       "(all of configs/ by default; docs/monitoring-rules.md)")
+    p.add_argument("configs", nargs="*", metavar="CONFIG", help="config names (configs/NAME.yml) or YAML paths")
+    p.add_argument("-o", "--out", default="", help="the rule file to write (default: standard output)")
+    p.add_argument("--time-scale", type=int, default=1, metavar="N",
+                   help="divide every window and duration by N, e.g. 10 for a lab test (default 1: as documented)")
+    p.set_defaults(func=cmd_rules)
 
     for name, (_module, text) in DELEGATED.items():
         sub.add_parser(name, help=f"{text}; `{PROG} {name} --help` for its arguments", add_help=False)

@@ -15,7 +15,7 @@ from sgdeploy import cli, report
 
 REPO = Path(__file__).resolve().parents[3]
 SGDEPLOY = Path(sys.executable).parent / "sgdeploy"
-SUBCOMMANDS = ("config", "validate", "render", "gate", "tunnel", "hosts", "report", "wheel", "sweep", "bench",
+SUBCOMMANDS = ("config", "validate", "render", "gate", "tunnel", "hosts", "report", "rules", "wheel", "sweep", "bench",
                "records")
 
 
