@@ -74,7 +74,7 @@ HUB_SCRIPT = ROLE / "files" / "hf_download.py"
 
 
 def fetch_args(hub, dest: Path, tmp_path: Path, token: str | None = TOKEN, **more) -> dict:
-    """The fetch's arguments; its hub client is this venv's huggingface_hub (requirements.txt pins the hosts' version)."""
+    """The fetch's arguments; its hub client is this venv's huggingface_hub (pinned as on the hosts)."""
     args = {"repo": REPO_ID, "revision": "main", "dest": str(dest), "endpoint": hub.url,
             "hf_token_file": token_file(tmp_path, token) if token else "", "hub_python": sys.executable,
             "hub_script": str(HUB_SCRIPT)}
@@ -110,14 +110,17 @@ def test_host_steps_are_collection_modules_without_pythonpath_or_environment():
         assert "environment" not in t, (fname, t.get("name"))  # the token went through one (issue 19)
         text = json.dumps(t)
         assert "PYTHONPATH" not in text and "tools_dir" not in text, (fname, t.get("name"))
-        assert "ansible.builtin.command" not in t, (fname, t.get("name"))  # the pack is an action plugin now
+        if "ansible.builtin.command" in t:  # the pack is an action plugin now; only pip fetches the hub's wheels
+            argv = t["ansible.builtin.command"]["argv"]
+            assert fname == "hub.yml" and argv[1:4] == ["-m", "pip", "download"], (fname, t.get("name"))
+            assert "--require-hashes" in argv and t.get("delegate_to") == "localhost", (fname, t.get("name"))
         if "sgdeploy.host.controller_model_pack" in t:  # it packs a controller folder on the controller
             assert t.get("delegate_to") == "localhost", (fname, t.get("name"))
     used = {k for _f, t in tasks for k in t if k.startswith("sgdeploy.host.")}
     assert used == {"sgdeploy.host.sglang_model_plan", "sgdeploy.host.sglang_model_token",
                     "sgdeploy.host.sglang_model_fetch", "sgdeploy.host.sglang_model_fetch_progress",
                     "sgdeploy.host.sglang_model_finish", "sgdeploy.host.sglang_model_prune",
-                    "sgdeploy.host.controller_model_pack"}
+                    "sgdeploy.host.controller_model_pack", "sgdeploy.host.sglang_model_hub_install"}
     for name in used:
         assert (COLLECTION / "plugins" / "modules" / f"{name.split('.')[-1]}.py").is_file()
     assert "collections_path = ./collections" in (REPO / "ansible.cfg").read_text()

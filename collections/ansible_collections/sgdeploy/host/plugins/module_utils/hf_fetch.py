@@ -412,7 +412,7 @@ def finish_file(entry: dict, stage: Path, what: str) -> None:
     h = _hasher(entry)
     if h is not None:
         with part.open("rb") as fh:
-            for chunk in iter(lambda fh=fh: fh.read(CHUNK), b""):
+            for chunk in iter(lambda: fh.read(CHUNK), b""):
                 h.update(chunk)
         if h.hexdigest() != _expected(entry):
             part.unlink()

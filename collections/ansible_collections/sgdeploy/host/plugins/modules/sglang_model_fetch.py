@@ -13,7 +13,7 @@ description:
   - Asks the hub's API for the commit the revision points at and the files to fetch (sizes, checksums),
     then transfers them with C(huggingface_hub) run by O(hub_python) (the hub venv the sglang_models role
     installs from pinned, hash-checked wheels) and the role's O(hub_script) at that commit
-    (C(get_hf_file_metadata), C(http_get)): every selected file goes to C(<dest>.incomplete/<file>.part),
+    (C(get_hf_file_metadata), C(http_get)); every selected file goes to C(<dest>.incomplete/<file>.part),
     resuming with an HTTP Range request from what it holds, so a later run continues a broken download.
     Each file is then checked against the hub's size and checksum and renamed; then the completion
     marker, the owner and the rename of the staging folder to O(dest).

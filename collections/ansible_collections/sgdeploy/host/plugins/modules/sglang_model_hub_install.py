@@ -8,7 +8,7 @@ short_description: Install huggingface_hub from pinned, hash-checked wheels into
 description:
   - Creates C(<root>/venv) with C(python -m venv) and installs the wheels of O(wheels) listed in
     O(requirements) (every one pinned by version and sha256) with
-    C(pip install --no-index --no-deps --require-hashes): nothing comes from an index, a wheel whose
+    C(pip install --no-index --no-deps --require-hashes); nothing comes from an index, a wheel whose
     hash is not in the list is refused. Checks that the venv imports C(huggingface_hub) and writes
     C(<root>/hub.json) (the list's sha256 and the version) last.
   - Idempotent. With the same list recorded and the venv answering, nothing is done.
@@ -96,7 +96,8 @@ def main():
         module.fail_json(msg=f"sglang_model_hub_install: requirements {p['requirements']}: {exc.strerror}")
     version = _pinned_version(raw.decode("utf-8", "replace"))
     if not version:
-        module.fail_json(msg=f"sglang_model_hub_install: requirements {p['requirements']}: no huggingface-hub==VERSION pin")
+        module.fail_json(msg=f"sglang_model_hub_install: requirements {p['requirements']}: "
+                             "no huggingface-hub==VERSION pin")
     if not os.path.isdir(p["wheels"]):
         module.fail_json(msg=f"sglang_model_hub_install: wheels {p['wheels']}: no such folder on the host")
     venv = os.path.join(p["root"], "venv")
