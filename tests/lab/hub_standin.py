@@ -1,22 +1,30 @@
 """A stand-in for the Hugging Face hub on loopback (test equipment, standard library only).
 
 Serves the parts of the hub's HTTP API that the sgdeploy.host model modules use
-(collections/ansible_collections/sgdeploy/host/plugins/module_utils/hf_fetch.py):
+(collections/ansible_collections/sgdeploy/host/plugins/module_utils/hf_fetch.py), and what
+huggingface_hub's hf_hub_download/snapshot_download ask (tree listing, X-Repo-Commit, ETag), so a
+client built on huggingface_hub (issue 35) can be tested against it:
 
     GET  /api/models/{org}/{name}/revision/{rev}[?blobs=true]   {"id", "sha", "siblings": [...]}
+    GET  /api/models/{org}/{name}/tree/{rev}[?recursive=...]    [{"type": "file", "path", "size", "oid", "lfs"}]
     GET  /{org}/{name}/resolve/{rev}/{file}                     the file, with Range (206) support
-    HEAD /{org}/{name}/resolve/{rev}/{file}                     its size (Content-Length, X-Linked-Size)
+    HEAD /{org}/{name}/resolve/{rev}/{file}                     its size (Content-Length, X-Linked-Size),
+                                                                X-Repo-Commit, ETag
 
 `rev` is a branch name the repository was registered with, or its commit sha. Sizes appear in
 `siblings` only with `?blobs=true` (as on the hub), with `lfs.sha256` for weights and `blobId` (git's
-blob sha1) for the others. With a token set, every request without `Authorization: Bearer <token>`
-gets 401. Errors carry `X-Error-Code` (RepoNotFound, RevisionNotFound, EntryNotFound) like the hub.
+blob sha1) for the others; a file's ETag is its sha256 for weights (LFS) and its blob id for the
+others, as on the hub. The stand-in speaks plain HTTP only, no Xet (it sends no X-Xet-Hash), so
+huggingface_hub downloads over HTTP with Range resumes even with hf_xet installed. With a token set,
+every request without `Authorization: Bearer <token>` gets 401. Errors carry `X-Error-Code`
+(RepoNotFound, RevisionNotFound, EntryNotFound) like the hub.
 
 Switches for tests: `cut_after` (bytes of one file body, after which the connection is closed once:
-a download cut midway), `fake_sizes` (a size to report for a file instead of its real one: a model
-too large for the disk), `rate` (bytes per second of file bodies: a slow link, for progress lines).
-Counters: `bytes_served` (file bodies only), `requests` (method, path,
-Range header).
+a download cut midway), `down_after_cut` (after that cut, `down` is set: every request is answered by
+closing the connection, a hub gone away, until a test clears `down`), `fake_sizes` (a size to
+report for a file instead of its real one: a model too large for the disk), `rate` (bytes per second
+of file bodies: a slow link, for progress lines). Counters: `bytes_served` (file bodies only),
+`requests` (method, path, Range header).
 
     python tests/lab/hub_standin.py serve --bind 127.0.0.1 --port 0 [--token T] [--synthesize]
 
@@ -110,6 +118,11 @@ def write_model(folder, files: dict[str, bytes]) -> None:
 # The server
 
 
+def is_lfs(name: str) -> bool:
+    """Whether the hub keeps `name` in LFS (weights): its sha256 is listed and is its ETag."""
+    return name.endswith((".safetensors", ".bin", ".pth"))
+
+
 def git_blob_id(data: bytes) -> str:
     return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()  # noqa: S324 - git's id
 
@@ -130,6 +143,8 @@ class HubStandin:
         self.synthesize = synthesize
         self.repos: dict[str, list[Repo]] = {}
         self.cut_after: int | None = None
+        self.down_after_cut = False
+        self.down = False
         self.rate: float | None = None  # bytes per second of file bodies (a slow link), None: unlimited
         self.bytes_served = 0
         self.requests: list[tuple[str, str, str | None]] = []
@@ -228,11 +243,17 @@ class _Handler(BaseHTTPRequestHandler):
         path = urllib.parse.unquote(parsed.path)
         with self.hub.lock:
             self.hub.requests.append((self.command, path, self.headers.get("Range")))
+        if self.hub.down:
+            self.close_connection = True
+            return
         if not self._authorized():
             return self._error(401, "Invalid credentials in Authorization header", "GatedRepo")
         m = re.fullmatch(r"/api/models/([^/]+/[^/]+)/revision/([^/]+)", path)
         if m:
             return self._info(m.group(1), m.group(2), "blobs=true" in (parsed.query or ""))
+        m = re.fullmatch(r"/api/models/([^/]+/[^/]+)/tree/([^/]+)(/.*)?", path)
+        if m:
+            return self._tree(m.group(1), m.group(2), (m.group(3) or "").lstrip("/"))
         m = re.fullmatch(r"/([^/]+/[^/]+)/resolve/([^/]+)/(.+)", path)
         if m:
             return self._file(m.group(1), m.group(2), m.group(3))
@@ -259,11 +280,31 @@ class _Handler(BaseHTTPRequestHandler):
                 size = r.fake_sizes.get(name, len(data))
                 s["size"] = size
                 s["blobId"] = git_blob_id(data)
-                if name.endswith((".safetensors", ".bin", ".pth")):
+                if is_lfs(name):
                     s["lfs"] = {"sha256": hashlib.sha256(data).hexdigest(), "size": size, "pointerSize": 134}
             siblings.append(s)
         body = json.dumps({"id": repo, "modelId": repo, "sha": r.commit, "private": bool(self.hub.token),
                            "siblings": siblings}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _tree(self, repo: str, rev: str, under: str) -> None:
+        r = self._repo(repo, rev)
+        if r is None:
+            return
+        entries = []
+        for name, data in sorted(r.files.items()):
+            if under and not name.startswith(under.rstrip("/") + "/"):
+                continue
+            size = r.fake_sizes.get(name, len(data))
+            e: dict = {"type": "file", "path": name, "size": size, "oid": git_blob_id(data)}
+            if is_lfs(name):
+                e["lfs"] = {"oid": hashlib.sha256(data).hexdigest(), "size": size, "pointerSize": 134}
+            entries.append(e)
+        body = json.dumps(entries).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
@@ -299,7 +340,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "application/octet-stream")
         self.send_header("Content-Length", str(len(body)))
         self.send_header("X-Linked-Size", str(r.fake_sizes.get(name, size)))
-        self.send_header("ETag", f'"{hashlib.sha256(data).hexdigest()}"')
+        self.send_header("ETag", f'"{hashlib.sha256(data).hexdigest() if is_lfs(name) else git_blob_id(data)}"')
+        self.send_header("X-Repo-Commit", r.commit)
         self.send_header("Accept-Ranges", "bytes")
         if status == 206:
             self.send_header("Content-Range", f"bytes {start}-{end}/{size}")
@@ -315,6 +357,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.flush()
             with self.hub.lock:
                 self.hub.bytes_served += cut
+                self.hub.down = self.hub.down_after_cut
             self.close_connection = True
             try:
                 self.connection.shutdown(2)

@@ -218,11 +218,15 @@ def test_hub_download_resumes_then_a_second_run_transfers_nothing(lab, fixtures,
     # Start from nothing on the host (an earlier run of this file leaves the folders; the service
     # now running, lab-models-local, does not use them).
     lab.ssh(HOST, f"rm -rf {MODELS}/lab-org--Tiny-Qwen3.6 {MODELS}/lab-org--Tiny-Qwen3.6-DFlash")
-    # 1. The hub breaks the weights' transfer midway and the deploy may not retry: it fails in the
-    #    models step, before anything is switched, and keeps the partial download.
+    # 1. The hub breaks the weights' transfer midway and stays away (huggingface_hub's own resumes fail
+    #    too), and the deploy may not retry: it fails in the models step, before anything is switched,
+    #    and keeps the partial download.
     hub.reset_counters()
-    hub.cut_after = cut
-    proc, _ = deploy(lab, "lab-models-hf", hub, sglang_models_fetch_retries=0)
+    hub.cut_after, hub.down_after_cut = cut, True
+    try:
+        proc, _ = deploy(lab, "lab-models-hf", hub, sglang_models_fetch_retries=0)
+    finally:
+        hub.down_after_cut = hub.down = False
     text = out(proc)
     assert proc.returncode != 0
     assert "model.safetensors: transfer ended at" in text and "run again to resume" in text, text[-3000:]
@@ -237,8 +241,9 @@ def test_hub_download_resumes_then_a_second_run_transfers_nothing(lab, fixtures,
     proc, _ = deploy(lab, "lab-models-hf", hub)
     assert proc.returncode == 0, out(proc)[-4000:]
     weights_path = f"/lab-org/Tiny-Qwen3.6/resolve/{TARGET_COMMIT}/model.safetensors"
-    ranges = [r for _m, p, r in hub.requests if p == weights_path]
-    assert ranges == [f"bytes={cut}-"]
+    ranges = [r for m, p, r in hub.requests if m == "GET" and p == weights_path]
+    assert ranges == [f"bytes={cut}-"]  # the first run's .part continued: only the rest crossed the wire
+    assert hub.bytes_served < weights  # the rest of the weights and the drafter: never the whole weights again
     argv = exec_argv(lab, "sglang-lab-models-hf.service")
     assert flag(argv, "--model-path") == target and "--revision" not in argv
     assert flag(argv, "--speculative-draft-model-path") == f"{MODELS}/lab-org--Tiny-Qwen3.6-DFlash/{DRAFT_COMMIT}"

@@ -70,9 +70,14 @@ def token_file(tmp_path: Path, token: str = TOKEN) -> str:
     return hf_fetch.write_token_file(token, str(tmp_path / "run"))
 
 
+HUB_SCRIPT = ROLE / "files" / "hf_download.py"
+
+
 def fetch_args(hub, dest: Path, tmp_path: Path, token: str | None = TOKEN, **more) -> dict:
+    """The fetch's arguments; its hub client is this venv's huggingface_hub (pinned as on the hosts)."""
     args = {"repo": REPO_ID, "revision": "main", "dest": str(dest), "endpoint": hub.url,
-            "hf_token_file": token_file(tmp_path, token) if token else ""}
+            "hf_token_file": token_file(tmp_path, token) if token else "", "hub_python": sys.executable,
+            "hub_script": str(HUB_SCRIPT)}
     args.update(more)
     return args
 
@@ -105,14 +110,17 @@ def test_host_steps_are_collection_modules_without_pythonpath_or_environment():
         assert "environment" not in t, (fname, t.get("name"))  # the token went through one (issue 19)
         text = json.dumps(t)
         assert "PYTHONPATH" not in text and "tools_dir" not in text, (fname, t.get("name"))
-        assert "ansible.builtin.command" not in t, (fname, t.get("name"))  # the pack is an action plugin now
+        if "ansible.builtin.command" in t:  # the pack is an action plugin now; only pip fetches the hub's wheels
+            argv = t["ansible.builtin.command"]["argv"]
+            assert fname == "hub.yml" and argv[1:4] == ["-m", "pip", "download"], (fname, t.get("name"))
+            assert "--require-hashes" in argv and t.get("delegate_to") == "localhost", (fname, t.get("name"))
         if "sgdeploy.host.controller_model_pack" in t:  # it packs a controller folder on the controller
             assert t.get("delegate_to") == "localhost", (fname, t.get("name"))
     used = {k for _f, t in tasks for k in t if k.startswith("sgdeploy.host.")}
     assert used == {"sgdeploy.host.sglang_model_plan", "sgdeploy.host.sglang_model_token",
                     "sgdeploy.host.sglang_model_fetch", "sgdeploy.host.sglang_model_fetch_progress",
                     "sgdeploy.host.sglang_model_finish", "sgdeploy.host.sglang_model_prune",
-                    "sgdeploy.host.controller_model_pack"}
+                    "sgdeploy.host.controller_model_pack", "sgdeploy.host.sglang_model_hub_install"}
     for name in used:
         assert (COLLECTION / "plugins" / "modules" / f"{name.split('.')[-1]}.py").is_file()
     assert "collections_path = ./collections" in (REPO / "ansible.cfg").read_text()
@@ -254,33 +262,50 @@ def test_a_cut_download_resumes_with_a_range_request(hub, tmp_path):
     dest = tmp_path / "m"
     weights = hub_standin.tiny_model_files()["model.safetensors"]
     cut = len(weights) // 2
-    hub.cut_after = cut
+    hub.cut_after, hub.down_after_cut = cut, True  # cut midway, and the hub stays away (huggingface_hub retries)
     rc, result = run_module("sglang_model_fetch", fetch_args(hub, dest, tmp_path, retries=0), tmp_path)
     assert rc == 1
-    assert "model.safetensors" in result["msg"] and "run again to resume" in result["msg"], result
+    assert "model.safetensors: transfer ended at" in result["msg"] and "run again to resume" in result["msg"], result
     assert len(result["msg"].splitlines()) == 1 and "Traceback" not in json.dumps(result)
     assert not dest.exists()  # nothing half-done is ever in place
     part = tmp_path / "m.incomplete" / "model.safetensors.part"
     assert part.stat().st_size == cut
     assert hf_fetch.read_progress(hf_fetch.progress_path(dest))["state"] == "failed"
+    files = hub_standin.tiny_model_files()
+    kept = sum(f.stat().st_size for f in (tmp_path / "m.incomplete").rglob("*") if f.is_file())  # cut included
+    hub.down = False
     hub.reset_counters()
     rc, result = run_module("sglang_model_fetch", fetch_args(hub, dest, tmp_path), tmp_path)
     assert rc == 0, result
-    ranges = [r for _m, path, r in hub.requests if path.endswith("model.safetensors")]
-    assert ranges == [f"bytes={cut}-"]
+    ranges = [r for m, path, r in hub.requests if m == "GET" and path.endswith("model.safetensors")]
+    assert ranges == [f"bytes={cut}-"]  # the .part of the first run was continued, not started again
     assert (dest / "model.safetensors").read_bytes() == weights
     # Only the rest of the cut file and the files not yet fetched came over the wire.
-    files = hub_standin.tiny_model_files()
-    fetched_before = sum(len(files[n]) for n in WANTED if n < "model.safetensors")  # fetched in sorted order
-    assert hub.bytes_served == sum(len(files[n]) for n in WANTED) - fetched_before - cut
+    assert hub.bytes_served == sum(len(files[n]) for n in WANTED) - kept
+    assert result["bytes_downloaded"] == hub.bytes_served
 
 
-def test_a_cut_is_resumed_within_one_run_by_the_retries(hub, tmp_path):
+def test_a_cut_is_resumed_within_one_run(hub, tmp_path):
     hub.cut_after = 1000
     rc, result = run_module("sglang_model_fetch", fetch_args(hub, tmp_path / "m", tmp_path), tmp_path)
     assert rc == 0, result
-    assert any("resuming" in line for line in result["resumes"])
+    assert any("resuming" in line for line in result["resumes"]), result["resumes"]
     assert any(r == "bytes=1000-" for _m, _p, r in hub.requests)
+
+
+def test_a_hub_gone_away_is_resumed_by_the_retries(hub, tmp_path):
+    """huggingface_hub's own resumes fail while the hub is away; the fetch's retries resume the rest."""
+    hub.cut_after, hub.down_after_cut = 1000, True
+    timer = threading.Timer(7, lambda: setattr(hub, "down", False))
+    timer.start()
+    try:
+        rc, result = run_module("sglang_model_fetch", fetch_args(hub, tmp_path / "m", tmp_path, retries=3), tmp_path)
+    finally:
+        timer.cancel()
+    assert rc == 0, result
+    assert any("transfer ended at" in line and "resuming (attempt 2 of 4)" in line for line in result["resumes"]), \
+        result["resumes"]
+    assert (tmp_path / "m" / "model.safetensors").read_bytes() == hub_standin.tiny_model_files()["model.safetensors"]
 
 
 def test_a_corrupt_file_fails_its_checksum_and_is_not_installed(hub, tmp_path):

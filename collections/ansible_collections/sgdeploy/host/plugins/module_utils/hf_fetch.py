@@ -1,24 +1,30 @@
 """Fetching a model from a Hugging Face hub (or a mirror speaking its API) onto the host.
 
-Standard library only (shipped by Ansible with sgdeploy.host.sglang_model_fetch and _plan). Every
-selected file goes to `<dest>.incomplete/<file>.part`, resuming with an HTTP Range request from what
-the `.part` holds, is checked against the hub's size and checksum and renamed to its name; then the
-marker, the owner and the rename of the staging folder into place. While it runs, the fetch keeps
-`<dest>.progress.json` up to date (bytes and files done, elapsed), which
+Two halves. What to fetch (the commit a revision points at, the files with sizes and checksums)
+comes from the hub's API through `Hub`, standard library only, so the plan (sgdeploy.host.sglang_model_plan)
+and check mode work before anything is installed on the host. The transfer is huggingface_hub's, run by
+`HubDownloader` with the Python of the hub venv that the sglang_models role installs from pinned,
+hash-checked wheels (roles/sglang_models/files/hf_download.py): for each file, get_hf_file_metadata at
+the resolved commit and http_get into `<dest>.incomplete/<file>.part`, resuming with an HTTP Range request
+from what the `.part` holds. Then each `.part` is checked against the file list's size and checksum and
+renamed to its name; then the marker, the owner and the rename of the staging folder into place. While
+it runs, the fetch keeps `<dest>.progress.json` up to date (bytes and files done, elapsed), which
 sgdeploy.host.sglang_model_fetch_progress reads to print progress.
 
-The token is an argument of `Hub` (from the module's no_log parameter), sent only in the
-Authorization header; it is never in an argv, an environment or a file written here.
+The token is an argument of `Hub` (from the module's token file), sent by `Hub` only in the
+Authorization header and handed to the hub venv's process on its standard input; it is never in an
+argv, an environment or a file written here.
 """
 
 from __future__ import annotations
 
 import fnmatch
 import hashlib
-import http.client
 import json
 import os
 import re
+import subprocess
+import tempfile
 import time
 import urllib.error
 import urllib.parse
@@ -45,7 +51,6 @@ from ansible_collections.sgdeploy.host.plugins.module_utils.model_folders import
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
 PROGRESS_SUFFIX = ".progress.json"
-NET_CHUNK = 1 << 16  # one read from the network: small enough that progress moves on a slow link
 REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 REVISION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
@@ -159,11 +164,6 @@ class Hub:
         return (f"{self.endpoint}/{repo}/resolve/{urllib.parse.quote(commit, safe='')}/"
                 f"{urllib.parse.quote(name)}")
 
-    def open_file(self, repo: str, commit: str, name: str, offset: int):
-        headers = {"Range": f"bytes={offset}-"} if offset else {}
-        return urllib.request.urlopen(self._request(self.file_url(repo, commit, name), headers=headers),
-                                      timeout=self.timeout)
-
 
 def remote_files(hub: Hub, repo: str, revision: str, allow_patterns: list[str] | None = None) -> tuple[str, list[dict]]:
     """The commit a revision points at and the files to fetch: name, size, sha256 (LFS) or blob_id."""
@@ -268,7 +268,7 @@ def progress_line(p: dict, now: float | None = None) -> str:
 
 
 # --------------------------------------------------------------------------------------------------
-# Fetch
+# Checks of what was transferred
 
 
 def _hasher(entry: dict):
@@ -296,83 +296,171 @@ def safe_rel(name: str) -> str:
     return p.as_posix()
 
 
-class Interrupted(ModelError):
-    """A transfer that stopped early; the `.part` stays for the next attempt."""
+# --------------------------------------------------------------------------------------------------
+# The transfer: huggingface_hub in the hub venv
 
 
-def download_file(hub: Hub, repo: str, commit: str, entry: dict, stage: Path, progress: Progress) -> None:
-    """One file into `stage`, resuming its `.part`; verified, then renamed to its name."""
+HUB_ROOT = "/opt/sglang-deploy/hub"
+HUB_PYTHON = HUB_ROOT + "/venv/bin/python"
+HUB_SCRIPT = HUB_ROOT + "/hf_download.py"
+
+
+class HubDownloader:
+    """The role's hf_download.py run by the hub venv's Python: `python -I hf_download.py`, the request on stdin.
+
+    The child's environment is built here, not inherited: no HF_TOKEN of the caller and no token file
+    (the token goes on stdin), telemetry and progress bars off, a HOME and HF_HOME of its own that are
+    removed afterwards, the endpoint as HF_ENDPOINT (a mirror works the same way) and HF_HUB_OFFLINE=0
+    for this transfer only (the service's unit keeps HF_HUB_OFFLINE=1).
+    """
+
+    def __init__(self, hub: Hub, python: str = HUB_PYTHON, script: str = HUB_SCRIPT):
+        self.hub, self.python, self.script = hub, python, script
+
+    def check(self) -> None:
+        for what, path in (("hub_python", self.python), ("hub_script", self.script)):
+            if not os.path.isfile(path):
+                raise ModelError(f"{what} {path}: not found on the host: the sglang_models role installs the hub "
+                                 "venv (huggingface_hub) before a fetch")
+
+    def env(self, home: str) -> dict:
+        timeout = str(max(1, int(self.hub.timeout)))
+        return {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": home,
+                "HF_HOME": os.path.join(home, "hf-home"), "HF_ENDPOINT": self.hub.endpoint,
+                "HF_HUB_OFFLINE": "0", "HF_HUB_DISABLE_TELEMETRY": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+                "HF_HUB_DISABLE_IMPLICIT_TOKEN": "1", "HF_HUB_DISABLE_XET": "1", "HF_HUB_ETAG_TIMEOUT": timeout,
+                "HF_HUB_DOWNLOAD_TIMEOUT": timeout}
+
+    def run(self, request: dict, log, tick=None) -> dict:
+        """One run of the script; its result. Resume events go to `log`; `tick` runs while it works."""
+        request = dict(request, endpoint=self.hub.endpoint, token=self.hub.token, timeout=self.hub.timeout)
+        result: dict | None = None
+        with tempfile.TemporaryDirectory(prefix="sgdeploy-hub-") as home, tempfile.TemporaryFile() as out, \
+                tempfile.TemporaryFile() as err:
+            proc = subprocess.Popen([self.python, "-I", self.script], stdin=subprocess.PIPE, stdout=out, stderr=err,
+                                    env=self.env(home), cwd=home)
+            try:
+                proc.stdin.write(json.dumps(request).encode())  # type: ignore[union-attr]
+                proc.stdin.close()  # type: ignore[union-attr]
+            except BrokenPipeError:
+                pass
+            seen = 0
+            while True:
+                done = proc.poll() is not None
+                out.seek(seen)
+                lines = out.read().decode("utf-8", "replace").splitlines(keepends=True)
+                for line in lines:
+                    if not line.endswith("\n") and not done:
+                        break  # half a line: read it whole next time
+                    seen += len(line.encode())
+                    event = _event(line)
+                    if event.get("event") == "resume":
+                        log(str(event.get("message", "")))
+                    elif "ok" in event:
+                        result = event
+                if done:
+                    break
+                if tick is not None:
+                    tick()
+                time.sleep(0.25)
+            err.seek(0)
+            tail = [ln.strip() for ln in err.read().decode("utf-8", "replace").splitlines() if ln.strip()]
+        if result is None:
+            text = " | ".join(tail[-3:]) or f"exit {proc.returncode}"
+            if self.hub.token:
+                text = text.replace(self.hub.token, "***")
+            return {"ok": False, "kind": "other", "message": f"the hub client {self.python} gave no result: {text}"}
+        return result
+
+
+def _event(line: str) -> dict:
+    try:
+        event = json.loads(line)
+    except ValueError:
+        return {}
+    return event if isinstance(event, dict) else {}
+
+
+def _hub_error(hub: Hub, result: dict, what: str) -> ModelError:
+    """An HTTP refusal reported by huggingface_hub, in the words Hub.explain uses for the plan's."""
+    code, reason = result.get("status"), result.get("error_code") or result.get("message", "")
+    if code == 401:
+        hint = ("a token was sent and refused: check sglang_models_hf_token" if hub.token else
+                "no token was sent: the repository is gated or private; set sglang_models_hf_token (Ansible Vault)")
+        return ModelError(f"{what}: 401 unauthorized at {hub.endpoint} ({hint})")
+    if code == 403:
+        return ModelError(f"{what}: 403 forbidden at {hub.endpoint} (accept the model's terms on the hub with the "
+                          "token's account)")
+    if code == 404:
+        return ModelError(f"{what}: not found at {hub.endpoint} ({reason}): check the repository name and the "
+                          "revision")
+    return ModelError(f"{what}: HTTP {code} {reason} from {hub.endpoint}")
+
+
+def finish_file(entry: dict, stage: Path, what: str) -> None:
+    """A transferred `.part`: its size and checksum against the file list, then renamed to its name."""
     rel = safe_rel(entry["name"])
-    final = stage / rel
-    part = stage / (rel + PART_SUFFIX)
-    final.parent.mkdir(parents=True, exist_ok=True)
+    final, part = stage / rel, stage / (rel + PART_SUFFIX)
     if final.is_file() and final.stat().st_size == entry["size"]:
         return
-    size = entry["size"]
-    offset = part.stat().st_size if part.is_file() else 0
-    if offset > size:
-        part.unlink()
-        progress.bytes_done -= min(offset, size)
-        offset = 0
+    got = part.stat().st_size if part.is_file() else 0
+    if got != entry["size"]:
+        if got > entry["size"]:
+            part.unlink()
+        raise ModelError(f"{what}: file {rel}: {got} bytes after the transfer, the file list says {entry['size']}: "
+                         "run again to fetch it")
     h = _hasher(entry)
-    if h is not None and offset:
+    if h is not None:
         with part.open("rb") as fh:
             for chunk in iter(lambda: fh.read(CHUNK), b""):
                 h.update(chunk)
-    if offset < size or size == 0:
-        try:
-            resp = hub.open_file(repo, commit, rel, offset)
-        except urllib.error.HTTPError as exc:
-            if exc.code == 416 and offset == size:
-                resp = None
-            else:
-                raise hub.explain(exc, f"file {rel} of {repo}@{commit}") from None
-        except (urllib.error.URLError, OSError) as exc:
-            raise hub.explain(exc, f"file {rel} of {repo}@{commit}") from None
-        if resp is not None:
-            with resp:
-                if offset and resp.status != 206:
-                    # The server ignored the Range header: start this file again.
-                    progress.bytes_done -= offset
-                    offset = 0
-                    h = _hasher(entry)
-                    if resp.status == 200:
-                        progress.restarted += 1
-                mode = "ab" if offset else "wb"
-                got = offset
-                with part.open(mode) as out:
-                    while True:
-                        try:
-                            chunk = resp.read(NET_CHUNK)
-                        except (OSError, ValueError, http.client.HTTPException) as exc:
-                            raise Interrupted(f"{rel}: transfer broke at {human(got)} of {human(size)}: {exc}") \
-                                from None
-                        if not chunk:
-                            break
-                        out.write(chunk)
-                        got += len(chunk)
-                        progress.add(len(chunk))
-                        if h is not None:
-                            h.update(chunk)
-                        if got > size:
-                            break
-    got = part.stat().st_size if part.is_file() else 0
-    if got < size:
-        raise Interrupted(f"{rel}: transfer ended at {human(got)} of {human(size)}")
-    if got > size:
-        part.unlink()
-        raise ModelError(f"file {rel} of {repo}@{commit}: the hub sent {got} bytes, the file list says {size}")
-    if h is not None and h.hexdigest() != _expected(entry):
-        part.unlink()
-        raise ModelError(f"file {rel} of {repo}@{commit}: checksum mismatch (got {h.hexdigest()[:16]}, expected "
-                         f"{_expected(entry)[:16]}); the partial file was removed")
+        if h.hexdigest() != _expected(entry):
+            part.unlink()
+            raise ModelError(f"{what}: file {rel}: checksum mismatch (got {h.hexdigest()[:16]}, expected "
+                             f"{_expected(entry)[:16]}); the partial file was removed: run again to fetch it")
     os.replace(part, final)
-    progress.file_done()
+
+
+def _transfer(downloader: HubDownloader, repo: str, commit: str, stage: Path, files: list[dict],
+              progress: Progress, retries: int, log) -> None:
+    """The files not yet in the stage, through the hub venv; progress follows the stage's bytes."""
+    todo = []
+    for f in files:
+        final = stage / safe_rel(f["name"])
+        if not (final.is_file() and final.stat().st_size == f["size"]):
+            todo.append({"name": f["name"], "size": f["size"], "etag": f.get("sha256") or f.get("blob_id")})
+    start = stage_bytes(stage, files)
+
+    def tick() -> None:
+        have = stage_bytes(stage, files)
+        progress.bytes = max(0, have - start)
+        progress.bytes_done = have
+        progress.files_done = sum(1 for f in files if (stage / safe_rel(f["name"])).is_file())
+        progress.write()
+
+    if todo:
+        result = downloader.run({"repo": repo, "commit": commit, "stage": str(stage), "files": todo,
+                                 "retries": retries}, log, tick)
+        tick()
+        if isinstance(result.get("bytes"), int):
+            progress.bytes = result["bytes"]
+        if not result.get("ok"):
+            what = f"model {progress.label}"
+            if result.get("kind") == "http":
+                raise _hub_error(downloader.hub, result, f"{what}: file {result.get('file')}")
+            if result.get("kind") == "connection":
+                raise ModelError(f"{what}: {result.get('message')}; the partial download is kept in {stage}: "
+                                 "run again to resume")
+            raise ModelError(f"{what}: {result.get('message')}")
+    for f in files:
+        finish_file(f, stage, f"model {progress.label}")
+        progress.files_done = sum(1 for g in files if (stage / safe_rel(g["name"])).is_file())
+    progress.bytes_done = sum(f["size"] for f in files)
 
 
 def fetch(hub: Hub, repo: str, revision: str, dest: Path, allow_patterns: list[str] | None = None,
           owner: str | None = None, retries: int = 3, min_free_bytes: int = 0, log=None,
-          check_mode: bool = False, track: bool = True) -> dict:
+          check_mode: bool = False, track: bool = True, downloader: HubDownloader | None = None) -> dict:
     """Put repo@revision into `dest`. Returns {"changed", "bytes_downloaded", "files", "dest", ...}.
 
     In check mode, asks the hub and reports what would be fetched (`bytes_to_transfer`, `file_list`)
@@ -401,23 +489,13 @@ def fetch(hub: Hub, repo: str, revision: str, dest: Path, allow_patterns: list[s
                   "missing_bytes": total - have}], min_free_bytes)
     if check_mode:
         return dict(result, changed=True, bytes_downloaded=0, bytes_to_transfer=total - have)
+    downloader = downloader or HubDownloader(hub)
+    downloader.check()
     progress = Progress(dest if track else None, label, total, len(files), have)
     progress.write(force=True)
     try:
         ensure_dir(stage, owner)
-        for entry in files:
-            attempt = 0
-            while True:
-                try:
-                    download_file(hub, repo, commit, entry, stage, progress)
-                    break
-                except Interrupted as exc:
-                    attempt += 1
-                    if attempt > retries:
-                        raise ModelError(f"model {label}: {exc}; the partial download is kept in {stage}: "
-                                         "run again to resume") from None
-                    log(f"{exc}; resuming (attempt {attempt + 1} of {retries + 1})")
-                    time.sleep(min(2 ** attempt, 10) * 0.25)
+        _transfer(downloader, repo, commit, stage, files, progress, retries, log)
         # Anything in the stage that is not in the file list (an older selection) does not belong.
         wanted = {safe_rel(f["name"]) for f in files}
         for p in folder_files(stage):
@@ -445,8 +523,6 @@ TOKEN_DIR = "/run/sgdeploy-models"
 
 def write_token_file(token: str, directory: str = TOKEN_DIR) -> str:
     """Put `token` in a new file only root can read (mode 0600 in a 0700 folder); its path."""
-    import tempfile
-
     os.makedirs(directory, mode=0o700, exist_ok=True)
     os.chmod(directory, 0o700)
     fd, path = tempfile.mkstemp(prefix="hf-token-", dir=directory)

@@ -10,9 +10,16 @@ DOCUMENTATION = r"""
 module: sglang_model_fetch
 short_description: Fetch a Hugging Face repository at a revision into a model folder (resumable, verified)
 description:
-  - Every selected file goes to C(<dest>.incomplete/<file>.part), resuming with an HTTP Range request,
-    is checked against the hub's size and checksum and renamed; then the completion marker, the owner
-    and the rename of the staging folder to O(dest).
+  - Asks the hub's API for the commit the revision points at and the files to fetch (sizes, checksums),
+    then transfers them with C(huggingface_hub) run by O(hub_python) (the hub venv the sglang_models role
+    installs from pinned, hash-checked wheels) and the role's O(hub_script) at that commit
+    (C(get_hf_file_metadata), C(http_get)); every selected file goes to C(<dest>.incomplete/<file>.part),
+    resuming with an HTTP Range request from what it holds, so a later run continues a broken download.
+    Each file is then checked against the hub's size and checksum and renamed; then the completion
+    marker, the owner and the rename of the staging folder to O(dest).
+  - The token goes to the hub venv's process on its standard input, never in its argv or environment;
+    that process gets C(HF_ENDPOINT) set to O(endpoint) and C(HF_HUB_OFFLINE=0), nothing of the caller's
+    environment.
   - A folder whose marker matches is left alone. In check mode, asks the hub and reports what would
     be fetched. While it runs, C(<dest>.progress.json) says how far it is
     (M(sgdeploy.host.sglang_model_fetch_progress) reads it); run it with C(async) for long fetches.
@@ -43,8 +50,18 @@ options:
   owner:
     description: Owner of the folder and its files.
     type: str
+  hub_python:
+    description: The Python of the hub venv (huggingface_hub installed); not needed in check mode.
+    type: path
+    default: /opt/sglang-deploy/hub/venv/bin/python
+  hub_script:
+    description: The transfer script the sglang_models role installs beside the venv (its files/hf_download.py).
+    type: path
+    default: /opt/sglang-deploy/hub/hf_download.py
   retries:
-    description: Resumes of one broken download within this run before failing.
+    description:
+      - Resumes of one broken download within this run before failing (huggingface_hub's http_get
+        itself also resumes a broken stream a few times first).
     type: int
     default: 3
   min_free_gb:
@@ -80,6 +97,8 @@ EXAMPLES = r"""
     endpoint: https://huggingface.co
     hf_token_file: "{{ token.path }}"
     owner: sglang
+    hub_python: /opt/sglang-deploy/hub/venv/bin/python
+    hub_script: /opt/sglang-deploy/hub/hf_download.py
     retries: 3
     timeout: 60
     min_free_gb: 20
@@ -132,7 +151,10 @@ from pathlib import Path
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.sgdeploy.host.plugins.module_utils.hf_fetch import (
+    HUB_PYTHON,
+    HUB_SCRIPT,
     Hub,
+    HubDownloader,
     check_names,
     fetch,
     read_token_file,
@@ -155,6 +177,8 @@ def main() -> None:
             "hf_token_file": {"type": "path", "default": ""},
             "allow_patterns": {"type": "list", "elements": "str", "default": []},
             "owner": {"type": "str"},
+            "hub_python": {"type": "path", "default": HUB_PYTHON},
+            "hub_script": {"type": "path", "default": HUB_SCRIPT},
             "retries": {"type": "int", "default": 3},
             "timeout": {"type": "float", "default": 60},
             "min_free_gb": {"type": "float", "default": 0},
@@ -172,7 +196,8 @@ def main() -> None:
         token = read_token_file(p["hf_token_file"], remove=not module.check_mode)
         hub = Hub(p["endpoint"], token, p["timeout"])
         result = fetch(hub, p["repo"], p["revision"], dest, p["allow_patterns"] or None, p["owner"], p["retries"],
-                       int(p["min_free_gb"] * 1e9), log=resumes.append, check_mode=module.check_mode)
+                       int(p["min_free_gb"] * 1e9), log=resumes.append, check_mode=module.check_mode,
+                       downloader=HubDownloader(hub, p["hub_python"], p["hub_script"]))
     except ModelError as exc:
         module.fail_json(msg=str(exc), resumes=resumes)
     except OSError as exc:
