@@ -824,6 +824,7 @@ class Sim:
                  engine: Engine, collapse: tuple[int, float] | None = None):
         self.args = args
         self.collapse = collapse  # (after N completed requests, the mean accept length from then on)
+        self.http_responses: dict[tuple[str, str, str], int] = {}  # (endpoint, status_code, method) -> count
         self.version = version
         self.features = features
         self.hybrid = hybrid
@@ -953,6 +954,10 @@ class Sim:
                 out.append(f"# TYPE {metric} histogram")
                 for k, h in hists.items():
                     out.extend(h.lines(metric, f'{tok},is_streaming="{k}"'))
+            family("sglang:http_responses_total", "counter",
+                   "Total number of HTTP responses by endpoint and status code",
+                   [(f'endpoint="{ep}",method="{m}",status_code="{code}"', n)
+                    for (ep, code, m), n in sorted(self.http_responses.items())])
             out.append("# HELP sglang:inter_token_latency_seconds Histogram of inter-token latency in seconds.")
             out.append("# TYPE sglang:inter_token_latency_seconds histogram")
             out.extend(st.itl.lines("sglang:inter_token_latency_seconds", tok))
@@ -979,6 +984,14 @@ class Handler(BaseHTTPRequestHandler):
     def log_message(self, format, *args):  # noqa: A002 - BaseHTTPRequestHandler's signature
         log(f'{self.client_address[0]}:{self.client_address[1]} - "{self.requestline}" {args[1]}'
             if len(args) >= 2 else format % args)
+
+    def send_response(self, code, message=None):
+        # SGLang 0.5.23's HTTP metrics (with --enable-metrics): every response by endpoint, status and method
+        path = self.path.split("?", 1)[0]
+        with self.sim.engine.cv:
+            key = (path, str(code), self.command or "")
+            self.sim.http_responses[key] = self.sim.http_responses.get(key, 0) + 1
+        super().send_response(code, message)
 
     # -- helpers --------------------------------------------------------------------------------------
     def _send(self, code: int, payload, content_type: str = "application/json") -> None:

@@ -389,6 +389,9 @@ def test_metrics_have_sglang_0_5_23s_names_types_and_labels(fleet):
     assert d_ver == sum(m["spec_verify_ct"] for m in metas)
     assert values["sglang:num_requests_total"] - before.get("sglang:num_requests_total", 0) == 3
     assert values["sglang:spec_accept_length"] > 1 and values["sglang:gen_throughput"] > 0
+    responses = {(s.labels["endpoint"], s.labels["status_code"], s.labels["method"]): s.value
+                 for s in families["sglang:http_responses"].samples}
+    assert responses[("/generate", "200", "POST")] >= 3 and responses[("/metrics", "200", "GET")] >= 1
     assert fleet["ar"].wait_ready().get("/metrics").status_code == 404  # no --enable-metrics
 
 
