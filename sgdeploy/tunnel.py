@@ -254,8 +254,11 @@ class Route:
         """What ssh_config says for a host that the inventory gives no proxy: ProxyJump hops (Fabric's
         gateway Connections, built here with the timeouts) or a ProxyCommand string."""
         jump = conn.ssh_config.get("proxyjump", "none")
+        hops = tuple(h.strip() for h in jump.split(",") if h.strip())
+        if hops and _hop_parts(self.target.name, hops[0])[1] in (conn.host, conn.original_host):
+            return None  # a wildcard Host block naming the jump host itself (Fabric's own rule)
         if jump.lower() != "none":
-            return self._chain(tuple(h.strip() for h in jump.split(",") if h.strip()), depth + 1)
+            return self._chain(hops, depth + 1)
         command = conn.ssh_config.get("proxycommand", "none")
         return None if command.lower() == "none" else command
 

@@ -237,9 +237,10 @@ def test_args_fill_what_the_variables_leave_unset():
 def test_ssh_config_applies_where_the_inventory_sets_nothing(tmp_path):
     (tmp_path / ".ssh").mkdir()
     (tmp_path / ".ssh" / "config").write_text(
-        "Host gpu-*\n  User cfguser\n  Port 2201\n  ProxyJump cfgjump\nHost cfgjump\n  User jumpuser\n")
+        "Host cfgjump\n  User jumpuser\nHost *\n  User cfguser\n  Port 2201\n  ProxyJump cfgjump\n")
     conn = tunnel.Route(tunnel.Target.from_hostvars("a", {"ansible_host": "gpu-7"})).connection()
     assert (conn.user, conn.port, conn.gateway.host, conn.gateway.user) == ("cfguser", 2201, "cfgjump", "jumpuser")
+    assert conn.gateway.gateway is None  # Host * names the jump host too: it does not jump through itself
     # the inventory wins: its user and port, and ProxyJump=none turns ssh_config's jump off
     conn = tunnel.Route(tunnel.Target.from_hostvars("a", {
         "ansible_host": "gpu-7", "ansible_user": "inv", "ansible_port": 22,
