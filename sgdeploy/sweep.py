@@ -245,7 +245,12 @@ def pick_host(data: dict, inventory: Path, host: str | None) -> tuple[str, dict]
         host = hosts[0]
     elif host not in hosts:
         raise UsageError(f"--host {host}: not in group {HOST_GROUP} of {inventory}; hosts there: {', '.join(hosts)}")
-    return host, data.get("_meta", {}).get("hostvars", {}).get(host, {})
+    hostvars = data.get("_meta", {}).get("hostvars", {}).get(host, {})
+    try:  # the SSH settings the tunnel cannot honour are refused here, before anything is deployed
+        tunnel.Target.from_hostvars(host, hostvars)
+    except tunnel.SSHSettingsError as err:
+        raise UsageError(f"--inventory {inventory}: {err}") from None
+    return host, hostvars
 
 
 # --------------------------------------------------------------------------------------------------

@@ -52,6 +52,53 @@ def test_tunnel_forwards_a_local_port_to_the_service_address_on_the_host(lab, tm
         lab.ssh("lab1", f"kill {pid}; rm -rf /tmp/tunnel-probe", check=False)
 
 
+def test_tunnel_reaches_a_host_through_another_as_its_proxyjump(lab, tmp_path):
+    """Issue 35: the tunnel honours the inventory's SSH settings. lab2's ``ansible_host`` is a name only lab1
+    resolves (an /etc/hosts line there) and its ``ansible_ssh_common_args`` jump through lab1, so the local port
+    reaches lab2's service only if the tunnel goes through lab1 as the inventory says."""
+    if len(lab.hosts) < 2:
+        pytest.skip("needs two lab hosts (LAB_HOSTS >= 2)")
+    import yaml
+
+    behind = "lab2-behind-lab1"
+    config = tmp_path / "tunnel-probe.yml"
+    config.write_text(f"extends: ddtree-b15\nserving: {{port: {PORT}, nccl_port: {PORT + 1}}}\n")
+    data = yaml.safe_load(lab.inventory.read_text())
+    lab2 = data["all"]["children"]["gpu_hosts"]["hosts"]["lab2"]
+    lab2["ansible_host"] = behind
+    lab2["ansible_ssh_common_args"] += f" -o ProxyJump=root@{lab.address('lab1')}"
+    inventory = tmp_path / "jump.yml"
+    inventory.write_text(yaml.safe_dump(data))
+    address = lab.address("lab2")
+    lab.ssh("lab1", f"echo '{address} {behind}' >> /etc/hosts")
+    pid = lab.ssh("lab2", f"mkdir -p /tmp/tunnel-probe && echo via-lab1-ok > /tmp/tunnel-probe/index.html; "
+                          f"cd /tmp/tunnel-probe; setsid python3 -m http.server {PORT} --bind {address} "
+                          "</dev/null >/dev/null 2>&1 & echo $!", timeout=30).stdout.strip()
+    proc = subprocess.Popen([str(SGDEPLOY), "tunnel", str(config), "--inventory", str(inventory), "--host", "lab2",
+                             "--seconds", "60"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert f" -> lab2 -> http://{address}:{PORT} (tunnel-probe); Ctrl-C closes it" in line, (
+            line, proc.stderr.read() if proc.poll() is not None else "")
+        body = ""
+        for _ in range(20):
+            try:
+                with urllib.request.urlopen(line.split()[0] + "/index.html", timeout=10) as response:
+                    body = response.read().decode()
+                break
+            except OSError:
+                time.sleep(0.5)
+        assert body.strip() == "via-lab1-ok"
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        lab.ssh("lab2", f"kill {pid}; rm -rf /tmp/tunnel-probe", check=False)
+        lab.ssh("lab1", f"sed -i '/ {behind}$/d' /etc/hosts", check=False)
+
+
 # --- No silent success, SERIAL, make status (issues 33 and 34) ------------------------------------------
 
 USER_VARS = ("CONFIG", "INVENTORY", "LIMIT", "SERIAL", "LAB_HOSTS", "BUDGETS", "TOPK_CAPS", "CLIFF_DROP",

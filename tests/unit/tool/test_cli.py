@@ -101,6 +101,17 @@ def test_tunnel_without_such_a_host_is_refused(tmp_path):
     assert result.returncode == 2 and result.stderr.startswith("sgdeploy tunnel: ") and "nope" in result.stderr
 
 
+def test_tunnel_refuses_an_ssh_option_it_cannot_honour_before_connecting(tmp_path):
+    """Issue 35: the tunnel honours the inventory's SSH settings; one it cannot is named, with the host."""
+    inventory = tmp_path / "inv.yml"
+    inventory.write_text("all:\n  children:\n    gpu_hosts:\n      hosts:\n        a: {ansible_host: 127.0.0.9, "
+                         "ansible_ssh_common_args: '-o ProxyJump=bastion -o Ciphers=aes128-ctr'}\n")
+    result = sgdeploy("tunnel", "ddtree-b15", "--inventory", str(inventory), "--host", "a")
+    assert result.returncode == 2 and result.stdout == "" and result.stderr.count("\n") == 1, result.stderr
+    assert result.stderr.startswith(f"sgdeploy tunnel: --inventory {inventory}: host a: ansible_ssh_common_args: "
+                                    "ssh option -o Ciphers=aes128-ctr cannot be honoured"), result.stderr
+
+
 def test_version_is_the_packages():
     """Before: `sgdeploy --version` was refused (exit 2)."""
     version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
