@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 import pytest
+from ansible_output import task_statuses
 
 pytestmark = pytest.mark.lab
 
@@ -137,13 +138,7 @@ def out(proc) -> str:
 
 def models_task_results(output: str) -> dict[str, list[str]]:
     """For each task of the sglang_models role that ran: its result words (ok, changed, skipping)."""
-    results: dict[str, list[str]] = {}
-    task = None
-    for line in output.splitlines():
-        if line.startswith("TASK ["):
-            task = line[6:line.index("]")] if line[6:].startswith("sgdeploy.host.sglang_models : ") else None
-        elif task and line.split(":")[0] in ("ok", "changed", "skipping", "failed", "fatal"):
-            results.setdefault(task, []).append(line.split(":")[0])
+    results = task_statuses(output, role="sglang_models")
     assert results, f"no sglang_models task in the output:\n{output[-3000:]}"
     return results
 

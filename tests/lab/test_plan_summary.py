@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from ansible_output import task_statuses
 from test_deploy import HOST_FILES, RESET, active_unit, deploy, output_of, recap
 
 pytestmark = pytest.mark.lab
@@ -26,21 +27,6 @@ SECRET = "hf_plan_secret_value_8c1f"
 
 def main_pid(lab, unit: str) -> str:
     return lab.ssh("lab1", f"systemctl show -p MainPID --value {unit}").stdout.strip()
-
-
-def task_statuses(out: str) -> dict[str, list[str]]:
-    """Task name -> the status words printed under its banner (ok, changed, skipping, ...)."""
-    statuses: dict[str, list[str]] = {}
-    name = None
-    for line in out.splitlines():
-        m = re.match(r"TASK \[(.*?)\] \*+$", line)
-        if m:
-            name = m.group(1)
-            continue
-        m = re.match(r"(ok|changed|skipping|fatal|failed): \[", line)
-        if m and name:
-            statuses.setdefault(name, []).append(m.group(1))
-    return statuses
 
 
 @pytest.fixture(scope="module", autouse=True)
