@@ -669,8 +669,9 @@ class WatchSection(_Section):
             p.bad("watch.failure_limit", limit, "must be 1 or more")
         elif isinstance(limit, int) and isinstance(window, int) and isinstance(interval, int) \
                 and limit > window // interval:
-            p.bad("watch.failure_limit", limit, f"must be at most the window's {window // interval} intervals "
-                                                f"(window_s {window} / interval_s {interval}), else the watch never fails")
+            p.bad("watch.failure_limit", limit,
+                  f"must be at most the window's {window // interval} intervals (window_s {window} / interval_s "
+                  f"{interval}), else the watch never fails")
         if isinstance(self.min_requests, int) and self.min_requests < 1:
             p.bad("watch.min_requests", self.min_requests, "must be 1 or more")
         mal = self.min_accept_length

@@ -188,7 +188,8 @@ def history_table(records: list[dict], every: bool = False) -> str:
         return "no deploy records"
     head = ("config", "host", "what", "release", "outcome", "gates", "exactness", "watch", "accept", "tok/s", "when")
     return "\n".join(_table(head, [(r["config"] or "-", r["host"] or "-", r["what"], r["release"] or "-",
-                                    r["outcome"] or "-", r["gates"], r["exactness"], r["watch"], _num(r["accept_length"], ".2f"),
+                                    r["outcome"] or "-", r["gates"], r["exactness"], r["watch"],
+                                    _num(r["accept_length"], ".2f"),
                                     _num(r["tokens_per_s"], ".1f"), _when(r["finished"])) for r in rows]))
 
 

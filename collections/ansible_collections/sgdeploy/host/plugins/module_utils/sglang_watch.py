@@ -251,7 +251,8 @@ def watch(url: str, window_s: int, interval_s: int, failure_limit: int, th: Thre
         prev, prev_t = cur, now
         if tally.add(interval):
             break
-    return {"result": tally.result, "line": line(tally, window_s, interval_s, th.min_requests), "intervals": tally.intervals,
+    return {"result": tally.result, "line": line(tally, window_s, interval_s, th.min_requests),
+            "intervals": tally.intervals,
             "failed_intervals": tally.count("fail"), "inconclusive_intervals": tally.count("inconclusive"),
             "consecutive_failures": tally.consecutive, "window_s": int(window_s), "interval_s": int(interval_s),
             "failure_limit": int(failure_limit), "thresholds": th.as_dict(), "url": url,

@@ -85,8 +85,7 @@ seconds: {description: How long the watch ran., returned: always, type: float}
 """
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
-from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_http  # noqa: E402
-from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_watch  # noqa: E402
+from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_http, sglang_watch  # noqa: E402
 
 NUMBERS = {"window_s": int, "interval_s": int, "failure_limit": int, "min_requests": int,
            "min_accept_length": float, "min_tokens_per_s": float, "max_error_rate": float}
