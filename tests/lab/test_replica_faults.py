@@ -26,7 +26,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from test_cli import make
+from test_cli import make, status_lines
 from test_router import Load, api
 
 pytestmark = pytest.mark.lab
@@ -258,6 +258,8 @@ def test_the_canary_watch_sees_a_collapse_under_live_traffic_and_rolls_it_back_w
     bad = [i for i in watch["intervals"] if i["verdict"] == "fail"]
     assert len(bad) >= 2 and all(i["accept_length"] is not None and i["accept_length"] < 8.0 for i in bad[-2:]), watch
     assert all(i["requests"] >= 3 for i in bad), watch
+    # Before the collapse (100 requests; the gates take 60) the live accept length was above the minimum.
+    assert any(i["verdict"] == "pass" and i["accept_length"] >= 8.0 for i in watch["intervals"]), watch
     # The canary serves its old config again, in the router; replica 1 was never stopped.
     assert _wait_listed(lab, key, _both(lab)) == _both(lab)
     assert [_budget(lab, i) for i in (0, 1)] == budgets
@@ -282,7 +284,7 @@ def test_with_no_traffic_the_watch_is_inconclusive_and_the_rollout_keeps_the_can
     # make status: the watch column of each replica's newest record (and the collapse case's, when it ran before).
     status = make(lab, "status", f"INVENTORY={lab.inventory}", f"LIMIT={HOST}")
     assert status.returncode == 0, (status.stdout + status.stderr)[-3000:]
-    rows = {line.split()[0]: line for line in status.stdout.splitlines() if line.startswith("lab-watch-x2-")}
+    rows = {line.split()[0]: line for line in status_lines(status) if line.startswith("lab-watch-x2-")}
     assert " inconclusive " in rows[f"{QUIET}-r0"] and " canary inconclusive " in rows[f"{QUIET}-r1"], rows
     if f"{COLLAPSE}-r0" in rows:
         assert "rolled back by the post-deploy watch" in rows[f"{COLLAPSE}-r0"], rows

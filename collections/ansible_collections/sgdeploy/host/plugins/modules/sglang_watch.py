@@ -6,8 +6,8 @@ DOCUMENTATION = r"""
 module: sglang_watch
 short_description: Watch a new engine's live metrics after its gates (the post-deploy watch)
 description:
-  - Reads the engine's C(/metrics) at O(url) now and after every O(settings.interval_s) seconds of a window of
-    O(settings.window_s) seconds, and judges each interval, Argo Rollouts style (docs/monitoring-watch.md).
+  - Reads the engine's C(/metrics) at O(url) now and after every C(interval_s) seconds (in O(settings)) of a window of
+    C(window_s) seconds, and judges each interval, Argo Rollouts style (docs/monitoring-watch.md).
   - "Per interval: requests ended (finished + aborted), accept length (delta C(sglang:generation_tokens_total) /
     delta C(sglang:spec_verify_calls_total)), generated tokens/s, error rate (aborted / ended)."
   - An interval with fewer than C(min_requests) requests is inconclusive (neither a failure nor a pass; it does not
