@@ -83,7 +83,8 @@ def what_of(record: dict) -> str:
     else:
         kind = "deploy"
     endings: dict[object, str] = {"unchanged": ", unchanged", "rolled_back": ", rolled back", "failed": ", failed"}
-    return kind + endings.get(outcome, "")
+    by_watch = " by the post-deploy watch" if rollback.get("cause") == "watch" and outcome == "rolled_back" else ""
+    return kind + endings.get(outcome, "") + by_watch
 
 
 def _numbers(record: dict) -> tuple:
@@ -185,9 +186,10 @@ def history_table(records: list[dict], every: bool = False) -> str:
     rows = history_rows(records, every)
     if not rows:
         return "no deploy records"
-    head = ("config", "host", "what", "release", "outcome", "gates", "exactness", "accept", "tok/s", "when")
+    head = ("config", "host", "what", "release", "outcome", "gates", "exactness", "watch", "accept", "tok/s", "when")
     return "\n".join(_table(head, [(r["config"] or "-", r["host"] or "-", r["what"], r["release"] or "-",
-                                    r["outcome"] or "-", r["gates"], r["exactness"], _num(r["accept_length"], ".2f"),
+                                    r["outcome"] or "-", r["gates"], r["exactness"], r["watch"],
+                                    _num(r["accept_length"], ".2f"),
                                     _num(r["tokens_per_s"], ".1f"), _when(r["finished"])) for r in rows]))
 
 

@@ -118,6 +118,36 @@ class Gates:
 
 
 @dataclass(frozen=True)
+class Watch:
+    """The config's post-deploy watch (docs/monitoring-watch.md): its fields as written, with their defaults."""
+
+    values: dict[str, Any]
+
+    def __getattr__(self, key: str) -> Any:
+        try:
+            return self.__dict__["values"][key]
+        except KeyError:
+            raise AttributeError(key) from None
+
+    def as_mapping(self) -> dict[str, Any]:
+        return dict(self.values)
+
+    def resolved(self, gates: Gates) -> dict[str, Any]:
+        """What the host's watch gets: min_accept_length from the gates when the watch leaves it out (0: none)."""
+        out = dict(self.values)
+        if out.get("min_accept_length") is None:
+            out["min_accept_length"] = gates.values.get("min_accept_length")
+        for key in ("min_accept_length", "min_tokens_per_s"):
+            if out.get(key) is not None and out[key] <= 0:
+                out[key] = None
+        return out
+
+
+def _default_watch() -> Watch:
+    return Watch({k: default for k, (_kind, default) in SCHEMA["watch"].items()})
+
+
+@dataclass(frozen=True)
 class Config:
     name: str
     source: Path
@@ -128,6 +158,7 @@ class Config:
     serving: Serving
     gates: Gates
     merged: dict[str, Any] = field(repr=False, compare=False, default_factory=dict)
+    watch: Watch = field(default_factory=_default_watch)
 
     @property
     def speculative_enabled(self) -> bool:
@@ -303,7 +334,7 @@ def validate(merged: dict[str, Any], source: Path, name: str) -> Config:
         drafter=Drafter(**weights(v.drafter)) if v.drafter is not None and spec["algorithm"] != "NONE" else None,
         speculative=Speculative(**{k: val for k, val in spec.items() if val is not None or k == "algorithm"}),
         serving=Serving(**sv | {"gpus": tuple(sv["gpus"]), "extra_args": tuple(sv["extra_args"])}),
-        gates=Gates(v.checked_gates.model_dump()), merged=merged)
+        gates=Gates(v.checked_gates.model_dump()), merged=merged, watch=Watch(v.checked_watch.model_dump()))
 
 
 def load(name_or_path: str | Path, config_dir: Path = CONFIG_DIR) -> Config:
@@ -353,5 +384,6 @@ def to_yaml(config: Config) -> str:
         out["serving"].pop("nccl_port")
         out["serving"].update(replicas=sv.replicas, router=True)
     out["gates"] = config.gates.as_mapping()
+    out["watch"] = config.watch.as_mapping()
     header = f"# {config.name}: fully merged from {config.source}\n"
     return header + yaml.safe_dump(out, sort_keys=False, default_flow_style=False)

@@ -10,6 +10,9 @@ One lab host, config ddtree-b15 as two replicas behind the real sglang-router 0.
   "ROLLED OUT ... (never all down)");
 - replica 1 fails its deploy after replica 0 switched: the rescue puts back the engine its step took out (replica
   1, on its old config) and nothing else, so the router lists exactly the config's two engines.
+- the post-deploy watch (issue 36, docs/monitoring-watch.md): under paced load through the router, a canary whose
+  acceptance collapses after its gates passed is seen by the watch and rolled back with 0 failed requests, replica 1
+  untouched; with no traffic the watch ends inconclusive and the rollout keeps the canary and goes on.
 
 Simulated engine: proves plumbing, not behaviour.
 """
@@ -23,6 +26,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from test_cli import make, status_lines
 from test_router import Load, api
 
 pytestmark = pytest.mark.lab
@@ -33,6 +37,8 @@ HOST = "lab1"
 ROUTER_PORT = 31700
 ROUTER_UNIT = f"sglang-router-{ROUTER_PORT}.service"
 X2, B32 = "lab-faults-x2", "lab-faults-x2-b32"   # ddtree-b15 and ddtree-b32, same layout
+COLLAPSE, QUIET = "lab-watch-x2-collapse", "lab-watch-x2-quiet"  # ddtree-b32 there, watched (tests/lab/configs/)
+STATE = "/var/lib/sglang-deploy"
 DROP_IN = f"/etc/systemd/system/sglang-{B32}-r1.service.d"
 
 
@@ -88,9 +94,12 @@ NAME = {15: X2, 32: B32}  # the config of a replica, by the budget its engine re
 
 
 def _serving(lab, key: str) -> bool:
-    """Both replica URLs healthy in the router, each an engine of one of this file's configs."""
+    """Both replica URLs healthy in the router, each an engine of one of this file's configs (by its budget, and its
+    unit by that config's name: the watch's configs have budget 32 too, and the cases start from X2 or B32)."""
     try:
-        return _listed(lab, key) == _both(lab) and all(_budget(lab, i) in NAME for i in (0, 1))
+        return _listed(lab, key) == _both(lab) and all(
+            _budget(lab, i) in NAME and lab.ssh(HOST, f"systemctl is-active sglang-{NAME[_budget(lab, i)]}-r{i}"
+                                                ".service", check=False).stdout.strip() == "active" for i in (0, 1))
     except (OSError, AssertionError, ValueError, KeyError):
         return False
 
@@ -209,3 +218,73 @@ def test_the_rescue_puts_back_only_the_replica_its_step_took_out(lab, key):
     # Each listed URL is an engine: replica 0 switched (budget 32), replica 1 back on its old config (15).
     assert [_budget(lab, 0), _budget(lab, 1)] == [32, 15]
     assert lab.ssh(HOST, f"systemctl is-active sglang-{X2}-r1.service", check=False).stdout.strip() == "active"
+
+
+def _newest_record(lab, deploy_name: str) -> dict:
+    path = lab.ssh(HOST, f"ls -1t {STATE}/{deploy_name}/records/*.json | head -1").stdout.strip()
+    return json.loads(lab.ssh(HOST, f"cat {path}").stdout)
+
+
+def _summary_row(stdout: str) -> str:
+    lines = stdout.splitlines()
+    at = max(i for i, x in enumerate(lines) if x.startswith("SUMMARY"))
+    return next(x for x in lines[at + 1:] if x.strip().startswith(HOST))
+
+
+def test_the_canary_watch_sees_a_collapse_under_live_traffic_and_rolls_it_back_with_no_failed_request(lab, key):
+    """Issue 36: the gates pass on a 12-request burst; the collapse comes later, under live traffic. The canary's
+    watch, in the router under paced load, sees the accept length fall below gates.min_accept_length for 2 intervals
+    in a row and rolls it back (out of the router first): 0 failed requests, replica 1 never stopped, the record
+    says rolled_back by the watch with the per-interval numbers, and the run's last lines say so."""
+    _ensure(lab, key)
+    budgets = [_budget(lab, i) for i in (0, 1)]
+    r1 = f"sglang-{NAME[budgets[1]]}-r1.service"
+    r1_since = _since(lab, r1)
+    router = f"http://{lab.address(HOST)}:{ROUTER_PORT}"
+    with Load([router], {router: key}) as load:
+        proc = _deploy(lab, COLLAPSE, check=False)
+    assert proc.returncode != 0, proc.stdout[-3000:]
+    assert f"WATCH FAILED on {HOST} for {COLLAPSE}-r0: watch FAILED after " in proc.stdout, proc.stdout[-3000:]
+    assert "2 consecutive failed interval(s) (failure_limit 2)" in proc.stdout, proc.stdout[-3000:]
+    assert f"ROLLOUT STOPPED on {HOST} at {COLLAPSE}-r0 (the canary)" in proc.stdout, proc.stdout[-3000:]
+    assert "it was rolled back and put back into the router" in proc.stdout, proc.stdout[-3000:]
+    assert "watch FAILED, rolled back" in _summary_row(proc.stdout), proc.stdout[-2000:]
+    failed = [d for d in load.done if not d[3]]
+    assert len(load.done) > 50 and failed == [], failed[:5]
+    record = _newest_record(lab, f"{COLLAPSE}-r0")
+    assert record["outcome"] == "rolled_back" and record["rollback"]["cause"] == "watch", record["rollback"]
+    watch = record["watch"]
+    assert watch["result"] == "failed" and watch["thresholds"]["min_accept_length"] == 8.0, watch
+    bad = [i for i in watch["intervals"] if i["verdict"] == "fail"]
+    assert len(bad) >= 2 and all(i["accept_length"] is not None and i["accept_length"] < 8.0 for i in bad[-2:]), watch
+    assert all(i["requests"] >= 3 for i in bad), watch
+    # Before the collapse (100 requests; the gates take 60) the live accept length was above the minimum.
+    assert any(i["verdict"] == "pass" and i["accept_length"] >= 8.0 for i in watch["intervals"]), watch
+    # The canary serves its old config again, in the router; replica 1 was never stopped.
+    assert _wait_listed(lab, key, _both(lab)) == _both(lab)
+    assert [_budget(lab, i) for i in (0, 1)] == budgets
+    assert _since(lab, r1) == r1_since
+
+
+def test_with_no_traffic_the_watch_is_inconclusive_and_the_rollout_keeps_the_canary(lab, key):
+    """Issue 36: no requests reach the canary during its window, so every interval is inconclusive: the canary is
+    kept (never called "passed"), the other replica rolls (not watched again), and status shows inconclusive."""
+    _ensure(lab, key)
+    proc = _deploy(lab, QUIET, check=False)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert f"WATCH on {HOST}: watch INCONCLUSIVE over 12 s (3 interval(s) of 4 s)" in proc.stdout, proc.stdout[-3000:]
+    assert "kept, not passed" in proc.stdout and "watch passed" not in proc.stdout, proc.stdout[-3000:]
+    assert f"ROLLED OUT on {HOST}: {QUIET}" in proc.stdout and "canary watch INCONCLUSIVE" in proc.stdout, \
+        proc.stdout[-3000:]
+    assert "watch canary inconclusive" in _summary_row(proc.stdout), proc.stdout[-2000:]
+    canary, other = _newest_record(lab, f"{QUIET}-r0"), _newest_record(lab, f"{QUIET}-r1")
+    assert canary["outcome"] == "deployed" and canary["watch"]["result"] == "inconclusive", canary["watch"]
+    assert [i["verdict"] for i in canary["watch"]["intervals"]] == ["inconclusive"] * 3
+    assert other["outcome"] == "deployed" and other["watch"]["result"] == "canary inconclusive", other["watch"]
+    # make status: the watch column of each replica's newest record (and the collapse case's, when it ran before).
+    status = make(lab, "status", f"INVENTORY={lab.inventory}", f"LIMIT={HOST}")
+    assert status.returncode == 0, (status.stdout + status.stderr)[-3000:]
+    rows = {line.split()[0]: line for line in status_lines(status) if line.startswith("lab-watch-x2-")}
+    assert " inconclusive " in rows[f"{QUIET}-r0"] and " canary inconclusive " in rows[f"{QUIET}-r1"], rows
+    if f"{COLLAPSE}-r0" in rows:
+        assert "rolled back by the post-deploy watch" in rows[f"{COLLAPSE}-r0"], rows

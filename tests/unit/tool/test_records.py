@@ -30,7 +30,7 @@ def rec(finished: str, outcome: str = "deployed", verdicts=("pass", "pass", "pas
 def test_a_record_has_the_documented_shape():
     r = rec("2026-01-01T10:05:00Z", rollback=None, message="ok")
     # exactness, same_window: optional (older records lack them)
-    assert list(r) == [*records.KEYS, "exactness", "same_window"]
+    assert list(r) == [*records.KEYS, "exactness", "same_window", "watch"]
     assert r["schema"] == 1 and r["outcome"] == "deployed" and len(r["gates"]) == 3
     assert r["bench"]["tokens_per_s"] == 173.4
 
@@ -113,7 +113,7 @@ def test_cli_status_last_good_and_write(tmp_path):
     rows = json.loads(status.stdout)
     assert [r["outcome"] for r in rows] == ["rolled_back"]
     assert set(rows[0]) == {"config", "host", "release", "outcome", "gates", "accept_length", "tokens_per_s",
-                            "finished", "message", "exactness", "what", "measured"}
+                            "finished", "message", "exactness", "watch", "what", "measured"}
     assert "warning:" in status.stderr and "broken.json: not JSON" in status.stderr
 
     found = cli("last-good", str(recs), "--config", "ddtree-b15", "--host", "lab1")
@@ -205,8 +205,8 @@ def test_history_rows_say_what_each_record_was():
         "deploy",
     ]
     table = records.history_table([variant, manual], every=True).splitlines()
-    assert table[0].split() == ["config", "host", "what", "release", "outcome", "gates", "exactness", "accept",
-                                "tok/s", "when"]
+    assert table[0].split() == ["config", "host", "what", "release", "outcome", "gates", "exactness", "watch",
+                                "accept", "tok/s", "when"]
     assert "sweep variant of ddtree-b15 (budget 32, top-k cap 8)" in table[1]
     assert "manual rollback to ddtree-b15" in table[2] and " rolled_back " in table[2]
 

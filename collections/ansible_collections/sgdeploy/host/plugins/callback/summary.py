@@ -16,7 +16,8 @@ description:
   - "A failed task prints one line, fatal [HOST] FAILED! => {msg REASON} (the full result with -v); a failure
     that a rescue section handles prints HOST, TASK failed, handling it, without the reason (the rescue says it)."
   - "After the play recap, a SUMMARY table with one row per host that set the fact sglang_deploy__summary
-    (host, config before -> after, outcome, each gate's verdict and number, downtime, record path), then
+    (host, config before -> after, outcome, each gate's verdict and number and the post-deploy watch, downtime,
+    record path), then
     each failure once, with its reason (FAILURES)."
   - "Skipped tasks are hidden by the project's ansible.cfg (display_skipped_hosts = False);
     ANSIBLE_DISPLAY_SKIPPED_HOSTS=true (make ... VERBOSE=1) shows them."
@@ -118,7 +119,7 @@ def summary_rows(summaries: dict, failures: dict) -> list[list[str]]:
         before = ", ".join(s.get("before") or []) or "none"
         downtime = s.get("downtime_s")
         rows.append([host, "{} -> {}".format(before, s.get("after") or "?"), str(s.get("outcome") or "?"),
-                     gates_cell(s.get("gates")),
+                     gates_cell(s.get("gates")) + (f"; watch {s['watch']}" if s.get("watch") else ""),
                      "-" if downtime in (None, "") else f"{_number(float(downtime))} s",
                      s.get("record") or "-"])
     return rows

@@ -35,8 +35,9 @@ def build_record(*, config: str, host: str, release: str, outcome: str, started:
                  finished: str | None = None, config_digest: str | None = None,
                  patches: list[str] | tuple[str, ...] = (), features: list[str] | tuple[str, ...] = (),
                  unit_digest: str | None = None, report: Any = None, rollback: dict | None = None,
-                 message: str = "") -> dict:
-    """A deploy record. ``report`` is a gate.GateReport or its ``to_dict()`` (or None: no gates ran)."""
+                 message: str = "", watch: dict | None = None) -> dict:
+    """A deploy record. ``report`` is a gate.GateReport or its ``to_dict()`` (or None: no gates ran); ``watch``
+    the post-deploy watch's result (sglang_watch: result, line, per-interval numbers) or None (it did not run)."""
     if outcome not in OUTCOMES:
         raise RecordError(f"outcome {outcome!r} is not allowed; allowed: {', '.join(OUTCOMES)}")
     for name, value in (("config", config), ("host", host), ("release", release)):
@@ -44,6 +45,8 @@ def build_record(*, config: str, host: str, release: str, outcome: str, started:
             raise RecordError(f"{name} {value!r} must be a non-empty string")
     if rollback is not None and not isinstance(rollback, dict):
         raise RecordError(f"rollback {rollback!r} must be an object or null")
+    if watch is not None and not isinstance(watch, dict):
+        raise RecordError(f"watch {watch!r} must be an object or null")
     if report is not None and not isinstance(report, dict):
         report = report.to_dict()
     return {
@@ -55,6 +58,9 @@ def build_record(*, config: str, host: str, release: str, outcome: str, started:
         "exactness": (report or {}).get("exactness"),  # the exactness gate's result (sgdeploy.exactness)
         # A canary's old replica measured side by side with it ({"url", "bench"}; docs/router.md), or None.
         "same_window": (report or {}).get("same_window"),
+        # The post-deploy watch (docs/monitoring-watch.md): {"result": passed|failed|inconclusive|off, "line",
+        # "intervals": [...], ...}; None in a record from before the watch or one where no watch was due.
+        "watch": watch,
     }
 
 
@@ -163,6 +169,14 @@ def last_good(records_dir: str | Path, config: str, host: str) -> dict | None:
     return found[1] if found else None
 
 
+def watch_cell(record: dict) -> str:
+    """The post-deploy watch of a record in a word: passed, failed, inconclusive, off, or - (no watch was due)."""
+    watch = record.get("watch")
+    if not isinstance(watch, dict):
+        return "-"
+    return str(watch.get("result") or "-")
+
+
 def status_rows(records: list[dict], every: bool = False) -> list[dict]:
     """Rows for ``make status``: the newest record per (config, host), or every record."""
     if not every:
@@ -181,6 +195,7 @@ def status_rows(records: list[dict], every: bool = False) -> list[dict]:
             "accept_length": bench.get("accept_length_mean"), "tokens_per_s": bench.get("tokens_per_s"),
             "finished": r.get("finished"), "message": r.get("message") or "",
             "exactness": (r.get("exactness") or {}).get("verdict") or "-",  # the exactness gate's verdict
+            "watch": watch_cell(r),
         })
     return rows
 

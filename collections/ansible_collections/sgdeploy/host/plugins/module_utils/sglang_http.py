@@ -10,8 +10,9 @@ controller's gate commands import it from the installed ``sgdeploy`` package, wh
 collection's module_utils (docs/gates.md, "One implementation").
 
 Standard library only: a host runs it with its system python3, which has nothing else. For the same reason
-``/metrics`` is not parsed here: the controller parses it with ``prometheus_client`` (``sgdeploy.serving``),
-and no host module reads metrics.
+``/metrics`` is not parsed here: the controller parses it with ``prometheus_client`` (``sgdeploy.serving``);
+the one host module that reads metrics, the post-deploy watch, sums four counters with its own minimal
+parser (``sglang_watch.parse``).
 
 An engine with an API key (``serving.api_key_secret``) asks every route except ``/health*`` and
 ``/metrics`` for ``Authorization: Bearer <key>``. A caller on the host reads the key there

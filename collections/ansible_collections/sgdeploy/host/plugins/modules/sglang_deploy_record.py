@@ -23,6 +23,8 @@ options:
   unit_digest: {description: Digest of the unit and env text., type: str}
   report_path: {description: Gate report on the host (its gates and bench are copied)., type: path}
   rollback: {description: What the rollback did., type: dict}
+  watch: {description: "The post-deploy watch's result (module sgdeploy.host.sglang_watch), or its C(off) reason.",
+          type: dict}
   summary_line:
     description: One line for people, kept as the record's C(message).
     type: str
@@ -90,6 +92,7 @@ def main():
             patches=dict(type="list", elements="str", default=[]),
             features=dict(type="list", elements="str", default=[]),
             unit_digest=dict(type="str"), report_path=dict(type="path"), rollback=dict(type="dict"),
+            watch=dict(type="dict"),
             summary_line=dict(type="str", default=""),
         ),
         supports_check_mode=True,
@@ -100,7 +103,7 @@ def main():
         record = records.build_record(config=p["config"], host=p["host"], release=p["release"], outcome=p["outcome"],
                                       started=p["started"], patches=p["patches"], features=p["features"],
                                       unit_digest=p["unit_digest"], report=report, rollback=p["rollback"],
-                                      message=p["summary_line"])
+                                      message=p["summary_line"], watch=p["watch"])
     except records.RecordError as exc:
         module.fail_json(msg=f"deploy record: {exc}")
     if module.check_mode:
