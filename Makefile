@@ -144,7 +144,7 @@ PROMETHEUS_DEB_URL     := http://deb.debian.org/debian/pool/main/p/prometheus/pr
 PROMETHEUS_DEB_SHA256  := 81d59a24fce84f7fbe97a45a4f2914b6a5881b5cd1db2a6a0e129e515e1a5f55
 PROMTOOL               := build/tools/promtool
 
-.PHONY: help setup lint sanity test test-unit test-slow test-lab config render validate wheel deploy gate rollback \
+.PHONY: help setup lint sanity test test-unit test-slow test-lab test-slow-lab config render validate wheel deploy gate rollback \
         status provision build verify sweep lab-up lab-down lab-status clean promtool
 
 help: ## List the targets and the variables a user sets
@@ -295,7 +295,10 @@ test-slow: $(STAMP) ## The slow CPU tests (they build CPU virtualenvs; minutes)
 test-lab: $(STAMP) ## Lab integration tests on two labs at once; both taken down, even on failure
 	@PY=$(PY) tests/lab/run.sh
 
-test: lint test-unit test-slow test-lab ## Everything CI runs: lint, unit tests (fast and slow), lab tests
+test-slow-lab: $(STAMP) ## test-lab with the slow CPU tests as a third stream beside the two labs (what make test runs)
+	@PY=$(PY) WITH_SLOW=1 tests/lab/run.sh
+
+test: lint test-unit test-slow-lab ## Everything CI runs: lint, unit tests, then the slow CPU tests beside the lab tests
 
 clean: ## Remove build/ and reports/ (keeps the lab's cached root filesystem)
 	rm -rf build/render build/wheels reports

@@ -5,7 +5,10 @@
 #                                     signals during the gates and the port wait, bad config strings via make,
 #                                     faults during a replica rollout
 #   lab B (127.0.2):                  provisioning (reboots hosts), models, sweep, the fault matrix
-# Both labs are taken down at the end, also when tests fail. Exit status: the worse of the two.
+# With WITH_SLOW=1 (make test), the slow CPU tests (tests/unit -m slow: they build CPU virtualenvs and run
+# Triton's interpreter) run as a third stream beside the two labs, which mostly wait; their log is printed
+# at the end and their exit status counts like a lab's.
+# Both labs are taken down at the end, also when tests fail. Exit status: the worst of them.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 PY=${PY:-.venv/bin/python}
@@ -30,6 +33,11 @@ trap down EXIT
 env "${b_env[@]}" "$PY" tests/lab/lab.py up || exit 1
 
 mkdir -p build
+slow_pid=""
+if [ "${WITH_SLOW:-0}" = 1 ]; then
+  "$PY" -m pytest -p no:cacheprovider -q --durations=10 -m slow tests/unit > build/slow-tests.log 2>&1 &
+  slow_pid=$!
+fi
 env "${b_env[@]}" "$PY" -m pytest -p no:cacheprovider -q --durations=30 $B_FILES > build/lab-b-tests.log 2>&1 &
 b_pid=$!
 "$PY" -m pytest -p no:cacheprovider -q --durations=30 $A_FILES
@@ -41,5 +49,12 @@ cat build/lab-b-tests.log
 echo "---- serial, on lab A after both: ${SERIAL_FILES}"
 "$PY" -m pytest -p no:cacheprovider -q $SERIAL_FILES
 s_rc=$?
-echo "---- lab A: exit ${a_rc}; lab B: exit ${b_rc}; serial: exit ${s_rc}"
-[ "$a_rc" -eq 0 ] && [ "$b_rc" -eq 0 ] && [ "$s_rc" -eq 0 ]
+slow_rc=0
+if [ -n "$slow_pid" ]; then
+  wait "$slow_pid"
+  slow_rc=$?
+  echo "---- slow CPU tests (tests/unit -m slow), run beside the labs"
+  cat build/slow-tests.log
+fi
+echo "---- lab A: exit ${a_rc}; lab B: exit ${b_rc}; serial: exit ${s_rc}${slow_pid:+; slow CPU tests: exit ${slow_rc}}"
+[ "$a_rc" -eq 0 ] && [ "$b_rc" -eq 0 ] && [ "$s_rc" -eq 0 ] && [ "$slow_rc" -eq 0 ]
