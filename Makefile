@@ -134,7 +134,7 @@ define ensure_lab
 endef
 
 .PHONY: help setup lint sanity test test-unit test-slow test-lab config render validate wheel deploy gate rollback \
-        status provision build verify sweep lab-up lab-down lab-status clean
+        status monitoring provision build verify sweep lab-up lab-down lab-status clean
 
 help: ## List the targets and the variables a user sets
 	@echo "Targets:"
@@ -190,6 +190,11 @@ rollback: $(STAMP) ## Go back by hand to the previous deploy of CONFIG (replicas
 	$(ensure_lab)
 	$(need_hosts)
 	$(ANSIBLE_PLAYBOOK) -i "$$INV" $(LIMIT_ARG) playbooks/rollback.yml -e config="$$CONFIG" -e rollback_serial="$$SERIAL" $(REPLACES_ARG)
+
+monitoring: $(STAMP) ## Prometheus on the inventory's group monitoring + the metrics exporter on every GPU host (docs/monitoring.md) [INVENTORY=]
+	$(ensure_lab)
+	@$(SGDEPLOY) hosts -q --inventory "$$INV"
+	$(ANSIBLE_PLAYBOOK) -i "$$INV" playbooks/monitoring.yml
 
 status: $(STAMP) ## Show what serves on each host now, then the deploy history with gate numbers [INVENTORY= LIMIT=]
 	$(ensure_lab)
