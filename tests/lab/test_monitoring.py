@@ -67,7 +67,7 @@ def monitored(lab):
     yield {"prometheus": f"http://{lab.address('lab1')}:{PROMETHEUS_PORT}", "play": proc.stdout}
     lab.ssh("lab1", "systemctl disable --now prometheus.service", check=False)
     for host in lab.hosts:
-        lab.ssh(host, "systemctl disable --now sgdeploy-exporter.service", check=False)
+        lab.ssh(host, "systemctl disable --now sglang-exporter.service", check=False)
 
 
 def _query(prometheus: str, expr: str) -> dict:

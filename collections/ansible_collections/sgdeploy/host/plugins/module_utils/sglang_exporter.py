@@ -2,7 +2,7 @@
 """The per-host metrics exporter and the one definition of a host's scrape targets (docs/monitoring.md).
 
 Standard library only and no import of the collection: the role sglang_exporter installs this very file as
-the program of ``sgdeploy-exporter.service``, and the module ``sgdeploy.host.sglang_exporter_targets`` (with which
+the program of ``sglang-exporter.service``, and the module ``sgdeploy.host.sglang_exporter_targets`` (with which
 the monitoring role checks that Prometheus scrapes every target, up and labelled) imports it.
 
 What a host serves (read fresh from the host at every request; nothing cached):
@@ -177,7 +177,7 @@ def unit_states(units, systemctl="systemctl"):
     except (OSError, subprocess.TimeoutExpired):
         return {}
     out = {}
-    for block, unit in zip(proc.stdout.strip().split("\n\n"), units):
+    for block, unit in zip(proc.stdout.strip().split("\n\n"), units, strict=False):
         props = dict(line.split("=", 1) for line in block.splitlines() if "=" in line)
         restarts = props.get("NRestarts", "")
         out[unit] = (1 if props.get("ActiveState") == "active" else 0, int(restarts) if restarts.isdigit() else 0)
@@ -196,15 +196,16 @@ def own_metrics(state_dir=STATE_DIR, unit_dir=UNIT_DIR, states=None):
     engine_list = engines(state_dir)
     router_list = routers(unit_dir, engine_list)
     units = [(e["unit"], e["config"], e["replica"]) for e in engine_list]
+    zero = (0, 0)
     units += [(r["unit"], r["config"], "") for r in router_list]
     states = unit_states([u for u, _, _ in units]) if states is None else states
     lines = ["# HELP sgdeploy_unit_active 1 when the unit of an engine or router is active, else 0.",
              "# TYPE sgdeploy_unit_active gauge"]
-    lines += [f"sgdeploy_unit_active{_labels(unit=u, config=c, replica=r)} {states.get(u, (0, 0))[0]}"
+    lines += [f"sgdeploy_unit_active{_labels(unit=u, config=c, replica=r)} {states.get(u, zero)[0]}"
               for u, c, r in units]
-    lines += ["# HELP sgdeploy_unit_restarts_total Restarts of the unit by systemd (NRestarts, since it was last started "
-              "by hand or by a deploy).", "# TYPE sgdeploy_unit_restarts_total counter"]
-    lines += [f"sgdeploy_unit_restarts_total{_labels(unit=u, config=c, replica=r)} {states.get(u, (0, 0))[1]}"
+    lines += ["# HELP sgdeploy_unit_restarts_total Restarts of the unit by systemd (NRestarts, since it was last "
+              "started by hand or by a deploy).", "# TYPE sgdeploy_unit_restarts_total counter"]
+    lines += [f"sgdeploy_unit_restarts_total{_labels(unit=u, config=c, replica=r)} {states.get(u, zero)[1]}"
               for u, c, r in units]
     lines += ["# HELP sgdeploy_deploy_timestamp_seconds When the host's latest deploy of the config finished "
               "(its record), by outcome.", "# TYPE sgdeploy_deploy_timestamp_seconds gauge"]
@@ -214,8 +215,8 @@ def own_metrics(state_dir=STATE_DIR, unit_dir=UNIT_DIR, states=None):
         m = REPLICA_RE.match(name)
         config, replica = (e["config"], e["replica"]) if e else (m.group("config"), m.group("replica")) if m else (
             name, "")
-        lines.append(f"sgdeploy_deploy_timestamp_seconds{_labels(config=config, replica=replica, release=record.get('release') or '', outcome=record['outcome'])} "
-                     f"{_epoch(record['finished']):.0f}")
+        labels = _labels(config=config, replica=replica, release=record.get("release") or "", outcome=record["outcome"])
+        lines.append(f"sgdeploy_deploy_timestamp_seconds{labels} {_epoch(record['finished']):.0f}")
     return "\n".join(lines) + "\n"
 
 
@@ -262,11 +263,12 @@ def relay(url, timeout=RELAY_TIMEOUT_S):
         return 502, "text/plain", f"the target does not answer: {err}\n".encode()
 
 
-def serve(bind, port, host, advertise, state_dir=STATE_DIR, unit_dir=UNIT_DIR):
+def make_server(bind, port, host, advertise, state_dir=STATE_DIR, unit_dir=UNIT_DIR):
+    """The exporter's HTTP server (not started)."""
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
     class Handler(BaseHTTPRequestHandler):
-        server_version = "sgdeploy-exporter"
+        server_version = "sglang-exporter"
         sys_version = ""
 
         def _send(self, status, ctype, body, head=False):
@@ -299,11 +301,11 @@ def serve(bind, port, host, advertise, state_dir=STATE_DIR, unit_dir=UNIT_DIR):
 
     server = ThreadingHTTPServer((bind, port), Handler)
     server.daemon_threads = True
-    server.serve_forever()
+    return server
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="sgdeploy-exporter", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="sglang-exporter", description=__doc__.split("\n\n")[0])
     parser.add_argument("--bind", required=True)
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--host", required=True, help="the host label (its inventory hostname)")
@@ -312,10 +314,11 @@ def main(argv=None):
     parser.add_argument("--unit-dir", default=UNIT_DIR)
     args = parser.parse_args(argv)
     try:
-        serve(args.bind, args.port, args.host, args.advertise, args.state_dir, args.unit_dir)
+        server = make_server(args.bind, args.port, args.host, args.advertise, args.state_dir, args.unit_dir)
     except OSError as err:
-        print(f"sgdeploy-exporter: cannot listen on {args.bind}:{args.port}: {err.strerror or err}", file=sys.stderr)
+        print(f"sglang-exporter: cannot listen on {args.bind}:{args.port}: {err.strerror or err}", file=sys.stderr)
         return 1
+    server.serve_forever()
     return 0
 
 

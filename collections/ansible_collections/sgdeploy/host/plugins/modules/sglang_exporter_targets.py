@@ -6,7 +6,7 @@ DOCUMENTATION = r"""
 module: sglang_exporter_targets
 short_description: The scrape targets of this host's metrics exporter (read-only)
 description:
-  - Lists what the host's C(sgdeploy-exporter) relays, from the deploys on the host (each C(current.json) of the
+  - Lists what the host's C(sglang-exporter) relays, from the deploys on the host (each C(current.json) of the
     state folder) and its router units, each with the path Prometheus scrapes on the exporter and the labels
     host, config, release and replica (docs/monitoring.md).
   - The monitoring role generates its scrape config from this list, and the exporter serves from the same code
