@@ -145,7 +145,7 @@ PROMETHEUS_DEB_SHA256  := 81d59a24fce84f7fbe97a45a4f2914b6a5881b5cd1db2a6a0e129e
 PROMTOOL               := build/tools/promtool
 
 .PHONY: help setup lint sanity test test-unit test-slow test-lab test-slow-lab config render validate wheel deploy gate rollback \
-        status provision build verify sweep lab-up lab-down lab-status clean promtool
+        status monitoring provision build verify sweep lab-up lab-down lab-status clean promtool
 
 help: ## List the targets and the variables a user sets
 	@echo "Targets:"
@@ -201,6 +201,11 @@ rollback: $(STAMP) ## Go back by hand to the previous deploy of CONFIG (replicas
 	$(ensure_lab)
 	$(need_hosts)
 	$(ANSIBLE_PLAYBOOK) -i "$$INV" $(LIMIT_ARG) playbooks/rollback.yml -e config="$$CONFIG" -e rollback_serial="$$SERIAL" $(REPLACES_ARG)
+
+monitoring: $(STAMP) ## Prometheus on the inventory's group monitoring + the metrics exporter on every GPU host (docs/monitoring.md) [INVENTORY=]
+	$(ensure_lab)
+	@$(SGDEPLOY) hosts -q --inventory "$$INV"
+	$(ANSIBLE_PLAYBOOK) -i "$$INV" playbooks/monitoring.yml
 
 status: $(STAMP) ## Show what serves on each host now, then the deploy history with gate numbers [INVENTORY= LIMIT=]
 	$(ensure_lab)

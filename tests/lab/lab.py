@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import fcntl
+import hashlib
 import json
 import os
 import re
@@ -626,6 +627,100 @@ def add_deployer(lab: Lab) -> Path:
     return path
 
 
+MONITORING = "monitoring"
+# The real Debian packages the monitoring role installs in the lab (and, with them, whatever of their
+# dependencies the lab's root filesystem lacks), downloaded once on the controller into $LAB_CACHE.
+DEBIAN_PACKAGES = ["prometheus"]
+DEBIAN_DIR = "debian"  # $LAB_DIR/apt/debian, seen by the hosts as /srv/lab-apt/debian
+
+
+def monitoring_inventory_path(lab: Lab) -> Path:
+    return lab.inventory.with_name(f"{lab.inventory.stem}-{MONITORING}{lab.inventory.suffix}")
+
+
+def debian_debs(lab: Lab) -> list[Path]:
+    """The real .deb files of DEBIAN_PACKAGES and the dependencies the lab's rootfs lacks, from the controller's
+    apt (Debian 12's sources, as the rootfs), downloaded once into $LAB_CACHE/debian-debs (under the cache lock)."""
+    folder = lab.cache / "debian-debs"
+    stamp = folder / ".packages.json"
+    with flock(lab.cache / ".lock"):
+        try:
+            if json.loads(stamp.read_text()) == DEBIAN_PACKAGES:
+                return sorted(folder.glob("*.deb"))
+        except (OSError, ValueError):
+            pass
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+        proc = run(["apt-cache", "depends", "--recurse", "--no-recommends", "--no-suggests", "--no-conflicts",
+                    "--no-breaks", "--no-replaces", "--no-enhances", *DEBIAN_PACKAGES], capture_output=True, env=env)
+        if proc.returncode != 0 or not proc.stdout.strip():
+            must(["apt-get", "-o", "DPkg::Lock::Timeout=600", "update", "-q"], "apt-get update", env=env)
+            proc = must(["apt-cache", "depends", "--recurse", "--no-recommends", "--no-suggests", "--no-conflicts",
+                         "--no-breaks", "--no-replaces", "--no-enhances", *DEBIAN_PACKAGES],
+                        f"apt-cache depends {' '.join(DEBIAN_PACKAGES)}", env=env)
+        closure = sorted({line.strip() for line in proc.stdout.splitlines()
+                          if line.strip() and not line.startswith(" ") and "<" not in line})
+        status = (lab.cache / "rootfs" / "var" / "lib" / "dpkg" / "status").read_text()
+        installed = set(re.findall(r"^Package: (\S+)$", status, re.M))
+        wanted = [p for p in closure if p not in installed]
+        log(f"downloading {len(wanted)} Debian packages for the monitoring host into {folder} (once)")
+        must(["apt-get", "download", "-q", *wanted], "apt-get download", cwd=folder, env=env)
+        stamp.write_text(json.dumps(DEBIAN_PACKAGES))
+        return sorted(folder.glob("*.deb"))
+
+
+def build_debian_repo(lab: Lab) -> Path:
+    """$LAB_DIR/apt/debian: a flat repository of debian_debs(), signed with the lab's apt key (lab-apt.asc beside
+    it), which the hosts see read-only at /srv/lab-apt/debian."""
+    standin_apt = _standin_apt()
+    dest = lab.apt_dir / DEBIAN_DIR
+    dest.mkdir(parents=True, exist_ok=True)
+    for old in dest.iterdir():
+        old.unlink()
+    debs = []
+    for deb in debian_debs(lab):
+        shutil.copy2(deb, dest / deb.name)
+        debs.append(dest / deb.name)
+    packages = "\n".join(standin_apt.index_entry(deb, dest) for deb in debs)
+    (dest / "Packages").write_text(packages)
+    release = ["Origin: sgdeploy-lab", "Label: Debian packages for the lab's monitoring host", "Suite: lab",
+               "Codename: lab", "Architectures: amd64 all", "SHA256:"]
+    data = (dest / "Packages").read_bytes()
+    release.append(f" {hashlib.sha256(data).hexdigest()} {len(data)} Packages")
+    (dest / "Release").write_text("\n".join(release) + "\n")
+    standin_apt.sign(dest, standin_apt.default_gnupg_home(lab.apt_dir))
+    (dest / "lab-apt.asc").write_bytes((dest / standin_apt.KEY_NAME).read_bytes())
+    for path in dest.iterdir():
+        path.chmod(0o644)
+    return dest
+
+
+def add_monitoring(lab: Lab, host: str = "lab1") -> Path:
+    """Opt in (tests/lab/test_monitoring.py): an inventory beside the lab's, ``<inventory>-monitoring.yml``, with
+    the group ``monitoring`` (``host``), whose apt reaches the real Debian prometheus package through the lab's
+    repository (``$LAB_DIR/apt/debian``, built here). ``lab.py down`` removes it. Returns its path."""
+    build_debian_repo(lab)
+    text = lab.inventory.read_text()
+    text += "\n".join([
+        f"    {MONITORING}:",
+        "      hosts:",
+        f"        {host}:",
+        "      vars:",
+        "        # The real Debian package, from the lab's own signed repository (hosts have no Debian source).",
+        f'        sglang_monitoring_apt_repo: "deb [signed-by=/srv/lab-apt/{DEBIAN_DIR}/lab-apt.asc] '
+        f'file:/srv/lab-apt/{DEBIAN_DIR} ./"',
+        "        sglang_monitoring_scrape_interval: 5s",
+        "        sglang_monitoring_scrape_timeout: 4s",
+        "        sglang_monitoring_sd_refresh_interval: 5s",
+    ]) + "\n"
+    path = monitoring_inventory_path(lab)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.rename(path)
+    return path
+
+
 def up(lab: Lab) -> int:
     if os.geteuid() != 0:
         raise LabError("lab.py up needs root (systemd-nspawn, debootstrap)", 1)
@@ -828,6 +923,7 @@ def down(lab: Lab) -> int:
             shutil.rmtree(hosts_dir)
         lab.inventory.unlink(missing_ok=True)
         deployer_inventory_path(lab).unlink(missing_ok=True)
+        monitoring_inventory_path(lab).unlink(missing_ok=True)
         if lab.dir.exists():
             stop_hub(lab)
     names = ", ".join(d.name for d in dirs) or "no hosts"
