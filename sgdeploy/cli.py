@@ -311,15 +311,8 @@ def cmd_rules(args: argparse.Namespace) -> int:
     """The Prometheus rule file (sgdeploy.monitoring_rules) for the named configs, default all of configs/."""
     from sgdeploy import monitoring_rules
 
-    configs: dict[str, spec.Config] = {}
-    for arg in args.configs or spec.available():
-        config = spec.load(arg)
-        other = configs.get(config.name)
-        if other is not None and other.source != config.source:
-            raise UsageError(f"two configs named {config.name}: {other.source} and {config.source}; "
-                             "the rules select a config by its name")
-        configs[config.name] = config
     try:
+        configs = monitoring_rules.load_configs(args.configs or spec.available())
         text = monitoring_rules.render_rules(configs, args.time_scale)
     except ValueError as err:
         raise UsageError(str(err)) from None
@@ -405,7 +398,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("rules", help="write the Prometheus recording and alert rules of configs "
-                       "(all of configs/ by default; docs/monitoring-rules.md)")
+                       "(all of configs/ by default; docs/monitoring.md ("Alert rules"))")
     p.add_argument("configs", nargs="*", metavar="CONFIG", help="config names (configs/NAME.yml) or YAML paths")
     p.add_argument("-o", "--out", default="", help="the rule file to write (default: standard output)")
     p.add_argument("--time-scale", type=int, default=1, metavar="N",

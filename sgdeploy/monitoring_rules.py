@@ -1,7 +1,7 @@
 """Prometheus recording and alert rules, rendered from the configs' own gate thresholds (issue 36).
 
 ``render_rules(configs)`` returns one rule file (YAML) for Prometheus's ``rule_files``; ``sgdeploy rules``
-writes it. What each alert means, its expression, window and why: docs/monitoring-rules.md.
+writes it. What each alert means, its expression, window and why: docs/monitoring.md ("Alert rules").
 
 The series and labels are the ones the monitoring role's scrape config gives (docs/monitoring.md): SGLang
 0.5.23's own metrics on job ``sglang-engine``, the router's (sglang-router 0.3.2, ``smg_*``) on job
@@ -17,13 +17,13 @@ Per-config alerts (accept length, throughput) select their config by the ``confi
 threshold from its ``gates:``; a config whose threshold is null gets no such alert, a non-speculative config
 no accept-length alert (its gate passes it: one token per step by construction). The other alerts (down,
 errors, queue, restarts) hold for every scraped target whatever its config. The windows are the constants
-below (documented defaults; docs/monitoring-rules.md says why each).
+below (documented defaults; docs/monitoring.md ("Alert rules") says why each).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,7 +35,7 @@ from sgdeploy import spec
 # release). ``instance`` and SGLang's own labels (model_name, engine_type, tp_rank, is_streaming...) go.
 BY = "host, config, release, replica"
 
-# Windows (PromQL durations) and limits: docs/monitoring-rules.md, "Windows and limits".
+# Windows (PromQL durations) and limits: docs/monitoring.md, "Windows and limits".
 RATE_WINDOW = "5m"            # every rate and ratio of the recording rules
 ACCEPT_FOR = "10m"            # accept length below the minimum this long (after the 5m window) fires
 ACCEPT_MIN_REQUESTS = 3       # requests finished in the window before an accept length counts as a signal
@@ -269,13 +269,27 @@ def _str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
 _Dumper.add_representer(str, _str)
 
 
+def load_configs(names: Iterable[str]) -> dict[str, spec.Config]:
+    """name -> Config for these config names or paths (``spec.load``); ValueError for two configs of one name from
+    different files (the rules select a config by its name), spec.ConfigError for a config that does not load."""
+    configs: dict[str, spec.Config] = {}
+    for arg in names:
+        config = spec.load(arg)
+        other = configs.get(config.name)
+        if other is not None and other.source != config.source:
+            raise ValueError(f"two configs named {config.name}: {other.source} and {config.source}; "
+                             "the rules select a config by its name")
+        configs[config.name] = config
+    return configs
+
+
 def render_rules(configs: Mapping[str, spec.Config], time_scale: int = 1) -> str:
     """The Prometheus rule file for these configs (name -> Config), as YAML text. ``time_scale`` divides every
     window and duration (1: the documented defaults; ValueError for anything but a whole number from 1)."""
     groups = rule_groups(configs, time_scale)
     names = ", ".join(sorted(configs)) or "none"
     head = (f"# Prometheus rules rendered by `sgdeploy rules` from the gates of: {names}.\n"
-            "# Do not edit: change the configs' gates and render again. docs/monitoring-rules.md explains them.\n")
+            "# Do not edit: change the configs' gates and render again. docs/monitoring.md ("Alert rules") explains them.\n")
     if time_scale != 1:
         head += (f"# Time scale {time_scale}: every window and duration is 1/{time_scale} of the documented default "
                  "(a test, not production).\n")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -26,6 +27,10 @@ pytestmark = pytest.mark.lab
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = REPO / "tests" / "lab" / "configs" / "lab-replicas-b15.yml"
+COLLAPSE = REPO / "tests" / "lab" / "configs" / "lab-alert-collapse.yml"
+COLLAPSE_PORT = 31450
+# The alert rules' windows divided by this (sgdeploy rules --time-scale): 5m -> 15s, for 10m -> 30s.
+ALERT_TIME_SCALE = 20
 DASHBOARD = (REPO / "collections" / "ansible_collections" / "sgdeploy" / "host" / "roles" / "sglang_monitoring"
              / "files" / "grafana" / "sglang.json")
 ROUTER_PORT = 31200
@@ -60,12 +65,15 @@ def monitored(lab):
     import lab as labmod
 
     inventory = labmod.add_monitoring(lab.config)
-    lab.ansible_playbook("playbooks/deploy.yml", "--limit", "lab1", extra_vars={"config": str(CONFIG)})
+    for config in (CONFIG, COLLAPSE):
+        lab.ansible_playbook("playbooks/deploy.yml", "--limit", "lab1", extra_vars={"config": str(config)})
     start = time.monotonic()
-    proc = lab.ansible_playbook("playbooks/monitoring.yml", "-i", str(inventory))
+    proc = lab.ansible_playbook("playbooks/monitoring.yml", "-i", str(inventory), extra_vars={
+        "sglang_monitoring_alert_configs": [str(CONFIG.relative_to(REPO)), str(COLLAPSE.relative_to(REPO))],
+        "sglang_monitoring_alert_time_scale": ALERT_TIME_SCALE})
     print(f"monitoring playbook: {time.monotonic() - start:.0f}s")
     yield {"prometheus": f"http://{lab.address('lab1')}:{PROMETHEUS_PORT}", "play": proc.stdout}
-    lab.ssh("lab1", "systemctl disable --now prometheus.service", check=False)
+    lab.ssh("lab1", "systemctl disable --now prometheus.service sglang-lab-alert-collapse.service", check=False)
     for host in lab.hosts:
         lab.ssh(host, "systemctl disable --now sglang-exporter.service", check=False)
 
@@ -156,3 +164,48 @@ def test_every_dashboard_query_returns_series_after_traffic(lab, monitored):
     accept = _query(monitored["prometheus"], _grafana_to_promql(_dashboard_queries()[0][1]))["result"]
     values = {(r["metric"]["host"], r["metric"]["config"]): float(r["value"][1]) for r in accept}
     assert 1.0 < values[("lab1", "lab-replicas-b15")] < 17.0, values
+
+
+def _alerts(prometheus: str, name: str) -> list[dict]:
+    status, body = _get(f"{prometheus}/api/v1/alerts")
+    assert status == 200, body
+    return [a for a in json.loads(body)["data"]["alerts"] if a["labels"].get("alertname") == name]
+
+
+def test_the_accept_length_alert_fires_on_a_collapse_and_not_on_a_healthy_engine(lab, monitored):
+    """Issue 36 deliver 5: the rules made from the configs' own thresholds (gates.min_accept_length 8) fire in the
+    lab's real Prometheus when an engine's acceptance collapses under live traffic, and stay quiet for the healthy
+    replicas beside it under the same load. Windows divided by ALERT_TIME_SCALE (the same expressions)."""
+    host = lab.address("lab1")
+    urls = [f"http://{host}:{COLLAPSE_PORT}/generate", f"http://{host}:{ROUTER_PORT}/generate"]
+    body = {"text": "Write one sentence about the sea.", "sampling_params": {"temperature": 0, "max_new_tokens": 48}}
+    stop = threading.Event()
+    codes: list[int] = []
+
+    def client(url: str) -> None:
+        while not stop.is_set():
+            codes.append(_post(url, body))
+            time.sleep(0.3)
+
+    threads = [threading.Thread(target=client, args=(url,), daemon=True) for url in urls for _ in range(2)]
+    for t in threads:
+        t.start()
+    firing: list[dict] = []
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and not firing:
+            time.sleep(SCRAPE_S)
+            firing = [a for a in _alerts(monitored["prometheus"], "SGLangAcceptLengthLow") if a["state"] == "firing"]
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(70)
+    assert firing, "SGLangAcceptLengthLow never fired for the collapsed engine within 240 s"
+    assert {a["labels"]["config"] for a in firing} == {"lab-alert-collapse"}, firing
+    assert all(a["labels"]["host"] == "lab1" for a in firing), firing
+    assert "below gates.min_accept_length 8 of config lab-alert-collapse" in firing[0]["annotations"]["description"], \
+        firing[0]["annotations"]
+    healthy = [a for a in _alerts(monitored["prometheus"], "SGLangAcceptLengthLow")
+               if a["labels"].get("config") == "lab-replicas-b15"]
+    assert healthy == [], healthy
+    assert codes and set(codes) == {200}, sorted(set(codes))

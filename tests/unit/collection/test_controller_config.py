@@ -125,3 +125,29 @@ def test_the_status_table_of_a_missing_records_folder_fails_with_one_line(tmp_pa
     assert proc.returncode != 0 and f"records folder {tmp_path / 'nowhere'}: does not exist" in proc.stdout, \
         proc.stdout[-3000:]
     assert "Traceback" not in proc.stdout + proc.stderr
+
+
+def test_the_in_process_alert_rules_are_what_sgdeploy_rules_writes(tmp_path):
+    """controller_rules (the monitoring role's alert rules) gives the text `sgdeploy rules` writes for the same
+    configs, adds a deployed config found under configs/ and names one that is not there."""
+    dump = tmp_path / "rules.json"
+    proc = play(tmp_path, [
+        {"name": "Rules", "sgdeploy.host.controller_rules": {
+            "configs": ["ddtree-b15", str(LAB_X2.relative_to(REPO))], "chdir": str(REPO),
+            "deployed": ["ddtree-b32", "ddtree-b15", "not-a-config-here"]}, "register": "r"},
+        {"name": "Keep it", "ansible.builtin.copy": {"content": "{{ r | to_json }}", "dest": str(dump)}},
+    ])
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    got = json.loads(dump.read_text())
+    cli = subprocess.run([sys.executable, "-m", "sgdeploy", "rules", "ddtree-b15", str(LAB_X2), "ddtree-b32"],
+                         cwd=REPO, capture_output=True, text=True, check=True)
+    assert got["rules"] == cli.stdout and got["changed"] is False
+    assert got["configs"] == sorted(["ddtree-b15", "ddtree-b32", LAB_X2.stem]) and got["not_found"] == ["not-a-config-here"]
+    assert "no alert rules for the deployed config(s) not-a-config-here" in proc.stdout + proc.stderr
+
+
+def test_alert_rules_of_a_config_that_does_not_load_fail_with_its_line(tmp_path):
+    proc = play(tmp_path, [{"name": "Rules", "sgdeploy.host.controller_rules": {
+        "configs": ["no-such-config"], "chdir": str(REPO)}}])
+    assert proc.returncode != 0 and "no-such-config" in proc.stdout, proc.stdout[-3000:]
+    assert "Traceback" not in proc.stdout + proc.stderr
