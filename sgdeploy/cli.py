@@ -398,7 +398,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("rules", help="write the Prometheus recording and alert rules of configs "
-                       "(all of configs/ by default; docs/monitoring.md ("Alert rules"))")
+                       "(all of configs/ by default; docs/monitoring.md, Alert rules)")
     p.add_argument("configs", nargs="*", metavar="CONFIG", help="config names (configs/NAME.yml) or YAML paths")
     p.add_argument("-o", "--out", default="", help="the rule file to write (default: standard output)")
     p.add_argument("--time-scale", type=int, default=1, metavar="N",

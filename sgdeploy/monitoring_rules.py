@@ -289,7 +289,7 @@ def render_rules(configs: Mapping[str, spec.Config], time_scale: int = 1) -> str
     groups = rule_groups(configs, time_scale)
     names = ", ".join(sorted(configs)) or "none"
     head = (f"# Prometheus rules rendered by `sgdeploy rules` from the gates of: {names}.\n"
-            "# Do not edit: change the configs' gates and render again. docs/monitoring.md ("Alert rules") explains them.\n")
+            "# Do not edit: change the configs' gates and render again. docs/monitoring.md explains them.\n")
     if time_scale != 1:
         head += (f"# Time scale {time_scale}: every window and duration is 1/{time_scale} of the documented default "
                  "(a test, not production).\n")

@@ -142,7 +142,8 @@ def test_the_in_process_alert_rules_are_what_sgdeploy_rules_writes(tmp_path):
     cli = subprocess.run([sys.executable, "-m", "sgdeploy", "rules", "ddtree-b15", str(LAB_X2), "ddtree-b32"],
                          cwd=REPO, capture_output=True, text=True, check=True)
     assert got["rules"] == cli.stdout and got["changed"] is False
-    assert got["configs"] == sorted(["ddtree-b15", "ddtree-b32", LAB_X2.stem]) and got["not_found"] == ["not-a-config-here"]
+    assert got["configs"] == sorted(["ddtree-b15", "ddtree-b32", LAB_X2.stem])
+    assert got["not_found"] == ["not-a-config-here"]
     assert "no alert rules for the deployed config(s) not-a-config-here" in proc.stdout + proc.stderr
 
 
