@@ -21,7 +21,8 @@ every request without `Authorization: Bearer <token>` gets 401. Errors carry `X-
 
 Switches for tests: `cut_after` (bytes of one file body, after which the connection is closed once:
 a download cut midway), `down_after_cut` (after that cut, `down` is set: every request is answered by
-closing the connection, a hub gone away, until a test clears `down`), `fake_sizes` (a size to
+closing the connection, a hub gone away, until a test clears `down`, or, with `down_for_requests` N, for the
+next N requests only), `fake_sizes` (a size to
 report for a file instead of its real one: a model too large for the disk), `rate` (bytes per second
 of file bodies: a slow link, for progress lines). Counters: `bytes_served` (file bodies only),
 `requests` (method, path, Range header).
@@ -145,6 +146,7 @@ class HubStandin:
         self.cut_after: int | None = None
         self.down_after_cut = False
         self.down = False
+        self.down_for_requests: int | None = None  # after the cut: back once this many requests were refused
         self.rate: float | None = None  # bytes per second of file bodies (a slow link), None: unlimited
         self.bytes_served = 0
         self.requests: list[tuple[str, str, str | None]] = []
@@ -244,6 +246,11 @@ class _Handler(BaseHTTPRequestHandler):
         with self.hub.lock:
             self.hub.requests.append((self.command, path, self.headers.get("Range")))
         if self.hub.down:
+            with self.hub.lock:
+                if self.hub.down_for_requests is not None:
+                    self.hub.down_for_requests -= 1
+                    if self.hub.down_for_requests <= 0:
+                        self.hub.down, self.hub.down_for_requests = False, None
             self.close_connection = True
             return
         if not self._authorized():

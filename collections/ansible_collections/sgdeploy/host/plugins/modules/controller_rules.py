@@ -55,7 +55,7 @@ EXAMPLES = r"""
 - name: Install them, checked by promtool
   ansible.builtin.copy:
     content: "{{ alert_rules.rules }}"
-    dest: /etc/prometheus/rules/sgdeploy-alerts.yml
+    dest: /etc/prometheus/rules/sglang-alerts.yml
     mode: "0644"
     validate: promtool check rules %s
 """
