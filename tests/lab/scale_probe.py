@@ -18,8 +18,10 @@ Check mode writes nothing on the hosts (the deploy lock is only read, nothing is
 alias renders into its own controller folder, so aliases of one lab host do not collide.
 
 It fits cost = a + b * N (b: the controller's cost per host), and flags what grows faster than
-linearly: the whole run, or a task whose time per host at the largest N is more than
---superlinear-factor times its time per host at the smallest N (and above --min-task-s).
+linearly: the whole run's controller CPU time (its wall time is reported, not judged: it also holds the lab
+hosts' own work, which runs on the same machine, and that machine's load), or a task whose CPU time per
+host rises from each N to the next, to more than --superlinear-factor times (and --min-task-delta-s more
+than) its time per host at the smallest N (a task above --min-task-s at the largest N).
 
     export LAB_NET=127.0.45 LAB_DIR=build/lab LAB_INVENTORY=build/lab/inventory.yml
     .venv/bin/python tests/lab/lab.py up
@@ -126,24 +128,28 @@ def superlinear(points: list[tuple[float, float]], factor: float) -> bool:
     return len(m) >= 2 and m[0] > 0 and m[-1] > factor * m[0]
 
 
-def task_flags(runs: list[dict], factor: float, min_task_s: float, key: str = "cpu_s") -> list[dict]:
-    """Tasks whose time per host grows: at the largest N more than `factor` x their time per host at
-    the smallest N, and above min_task_s in all at the largest N."""
+def task_flags(runs: list[dict], factor: float, min_task_s: float, min_delta_s: float = 0.05,
+               key: str = "cpu_s") -> list[dict]:
+    """Tasks whose time per host grows with N: it rises from each N to the next, at the largest N it is more
+    than `factor` x its time per host at the smallest N and at least min_delta_s per host more, and the task
+    takes at least min_task_s in all at the largest N. (A task's CPU is what the controller spent between its
+    start and the next task's start, and workers are reaped late, so a task's share moves by a few
+    hundredths of a second per host between neighbours: min_delta_s keeps that noise out.)"""
     runs = sorted((r for r in runs if r.get("tasks")), key=lambda r: r["hosts"])
     if len(runs) < 2:
         return []
     small, large = runs[0], runs[-1]
     flags = []
     for name, big in large["tasks"].items():
-        little = small["tasks"].get(name)
-        if not little or big[key] < min_task_s:
+        series = [r["tasks"].get(name, {}).get(key) for r in runs]
+        if any(v is None for v in series) or big[key] < min_task_s:
             continue
-        per_small = max(little[key], 1e-3) / small["hosts"]
-        per_large = big[key] / large["hosts"]
-        if per_large > factor * per_small:
-            flags.append({"task": name, "per_host_small": round(per_small, 4), "per_host_large": round(per_large, 4),
-                          "small_hosts": small["hosts"], "large_hosts": large["hosts"],
-                          "starts_large": big["starts"]})
+        per_host = [max(v, 1e-3) / r["hosts"] for v, r in zip(series, runs, strict=True)]
+        rising = all(b > a for a, b in zip(per_host, per_host[1:], strict=False))
+        if rising and per_host[-1] > factor * per_host[0] and per_host[-1] - per_host[0] >= min_delta_s:
+            flags.append({"task": name, "per_host_small": round(per_host[0], 4),
+                          "per_host_large": round(per_host[-1], 4), "small_hosts": small["hosts"],
+                          "large_hosts": large["hosts"], "starts_large": big["starts"]})
     return sorted(flags, key=lambda f: -f["per_host_large"])
 
 
@@ -198,7 +204,7 @@ def probe_one(n: int, lab: list[tuple[str, dict]], args: argparse.Namespace, wor
     return run
 
 
-def summarize(runs: list[dict], factor: float, min_task_s: float) -> dict:
+def summarize(runs: list[dict], factor: float, min_task_s: float, min_delta_s: float = 0.05) -> dict:
     ok = [r for r in runs if r["ok"]]
     summary: dict = {"fits": {}, "superlinear": [], "task_flags": []}
     for step in ("validate", "hosts", "plan"):
@@ -210,9 +216,11 @@ def summarize(runs: list[dict], factor: float, min_task_s: float) -> dict:
             fit = {"fixed_s": round(a, 3), "per_host_s": round(b, 4), "exponent": growth_exponent(pts),
                    "marginal_per_host_s": [round(m, 4) for m in marginal_costs(pts)]}
             summary["fits"][f"{step}.{key}"] = fit
-            if superlinear(pts, factor):
+            # The verdict is the controller's CPU: the wall time also holds the lab hosts' own work, which
+            # runs on the same (shared) machine, and that machine's load.
+            if key == "cpu_s" and superlinear(pts, factor):
                 summary["superlinear"].append(f"{step} {key}: one more host costs {fit['marginal_per_host_s']}")
-    summary["task_flags"] = task_flags(ok, factor, min_task_s)
+    summary["task_flags"] = task_flags(ok, factor, min_task_s, min_delta_s)
     return summary
 
 
@@ -226,8 +234,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--shared-ssh", action="store_true", help="aliases of one lab host share its SSH master")
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds per step")
     p.add_argument("--superlinear-factor", type=float, default=1.5)
-    p.add_argument("--min-task-s", type=float, default=1.0)
+    p.add_argument("--min-task-s", type=float, default=1.0, help="a flagged task takes at least this at the largest N")
+    p.add_argument("--min-task-delta-s", type=float, default=0.05,
+                   help="a flagged task's time per host grows by at least this")
     p.add_argument("--work", default="build/scale-probe")
+    p.add_argument("--summarize", metavar="JSON", nargs="+",
+                   help="no runs: summarize the runs of these earlier outputs (one serial each) again")
     p.add_argument("--out", default="build/scale-probe.json")
     args = p.parse_args(argv)
     try:
@@ -239,39 +251,51 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
-def main(argv: list[str] | None = None) -> int:
-    try:
-        args = parse_args(sys.argv[1:] if argv is None else argv)
-        inv_path = Path(args.inventory)
-        if not inv_path.is_file():
-            raise ProbeError(f"inventory {inv_path} does not exist (bring the lab up: tests/lab/lab.py up)")
-        lab = lab_hosts(yaml.safe_load(inv_path.read_text(encoding="utf-8")))
-    except ProbeError as exc:
-        print(f"scale_probe: {exc}", file=sys.stderr)
-        return 2
-    work = REPO / args.work
-    work.mkdir(parents=True, exist_ok=True)
-    runs = [probe_one(n, lab, args, work) for n in args.host_counts]
-    summary = summarize(runs, args.superlinear_factor, args.min_task_s)
-    result = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "config": args.config,
-              "serial": args.serial, "forks": args.forks, "cpus": os.cpu_count(), "lab_hosts": [h for h, _ in lab],
-              "shared_ssh": args.shared_ssh, "runs": runs, "summary": summary}
-    out = REPO / args.out
+def report(result: dict, out: Path) -> int:
+    """Write the result, print the fits and what grows faster than linearly; the exit status."""
+    summary = result["summary"]
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1), encoding="utf-8")
     for key, fit in summary["fits"].items():
-        print(f"{key:16s} fixed {fit['fixed_s']:8.2f} s  per host {fit['per_host_s']:7.3f} s  "
-              f"exponent {fit['exponent'] if fit['exponent'] is None else round(fit['exponent'], 2)}")
+        exponent = "-" if fit["exponent"] is None else f"{fit['exponent']:.2f}"
+        print(f"{key:16s} fixed {fit['fixed_s']:8.2f} s  per host {fit['per_host_s']:7.3f} s  exponent {exponent}  "
+              f"one more host: {fit['marginal_per_host_s']}")
     for line in summary["superlinear"]:
         print(f"SUPER-LINEAR: {line}")
     for flag in summary["task_flags"]:
         print(f"SUPER-LINEAR task: {flag['task']}: {flag['per_host_small']} s per host at {flag['small_hosts']} hosts, "
               f"{flag['per_host_large']} s at {flag['large_hosts']}")
-    failed = [f"N={r['hosts']}" for r in runs if not r["ok"]]
+    failed = [f"N={r['hosts']}" for r in result["runs"] if not r["ok"]]
     if failed:
-        print(f"FAILED runs: {', '.join(failed)} (logs in {work})")
+        print(f"FAILED runs: {', '.join(failed)}")
     print(f"written {out}")
     return 1 if failed or summary["superlinear"] or summary["task_flags"] else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = parse_args(sys.argv[1:] if argv is None else argv)
+        if args.summarize:
+            earlier = [json.loads(Path(f).read_text(encoding="utf-8")) for f in args.summarize]
+            result = dict(earlier[0], runs=[r for e in earlier for r in e["runs"]])
+            result["summary"] = summarize(result["runs"], args.superlinear_factor, args.min_task_s,
+                                          args.min_task_delta_s)
+            return report(result, REPO / args.out)
+        inv_path = Path(args.inventory)
+        if not inv_path.is_file():
+            raise ProbeError(f"inventory {inv_path} does not exist (bring the lab up: tests/lab/lab.py up)")
+        lab = lab_hosts(yaml.safe_load(inv_path.read_text(encoding="utf-8")))
+    except (ProbeError, OSError, ValueError, KeyError) as exc:
+        print(f"scale_probe: {exc}", file=sys.stderr)
+        return 2
+    work = REPO / args.work
+    work.mkdir(parents=True, exist_ok=True)
+    runs = [probe_one(n, lab, args, work) for n in args.host_counts]
+    result = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "config": args.config,
+              "serial": args.serial, "forks": args.forks, "cpus": os.cpu_count(), "lab_hosts": [h for h, _ in lab],
+              "shared_ssh": args.shared_ssh, "runs": runs,
+              "summary": summarize(runs, args.superlinear_factor, args.min_task_s, args.min_task_delta_s)}
+    return report(result, REPO / args.out)
 
 
 if __name__ == "__main__":

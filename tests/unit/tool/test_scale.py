@@ -81,9 +81,28 @@ def test_a_task_whose_time_per_host_grows_is_flagged():
     def run(n, quad):
         return {"hosts": n, "tasks": {"steady": {"starts": n, "cpu_s": 0.5 * n},
                                       "scan": {"starts": n, "cpu_s": 0.01 * n * (n if quad else 1)}}}
-    flags = sp.task_flags([run(2, True), run(128, True)], 1.5, 0.5)
+    flags = sp.task_flags([run(2, True), run(8, True), run(128, True)], 1.5, 0.5)
     assert [f["task"] for f in flags] == ["scan"]
-    assert sp.task_flags([run(2, False), run(128, False)], 1.5, 0.5) == []
+    assert sp.task_flags([run(2, False), run(8, False), run(128, False)], 1.5, 0.5) == []
+
+
+def test_noise_in_a_tasks_share_is_not_flagged():
+    # Up and down between sizes, or up by less than min_delta_s per host: the late reaping of workers.
+    def run(n, per_host):
+        return {"hosts": n, "tasks": {"t": {"starts": n, "cpu_s": per_host * n}}}
+    assert sp.task_flags([run(2, 0.04), run(8, 0.03), run(128, 0.08)], 1.5, 0.5) == []
+    assert sp.task_flags([run(2, 0.04), run(8, 0.06), run(128, 0.08)], 1.5, 0.5) == []
+    assert sp.task_flags([run(2, 0.04), run(8, 0.06), run(128, 0.10)], 1.5, 0.5)[0]["task"] == "t"
+
+
+def test_earlier_outputs_are_summarized_again(tmp_path, capsys):
+    runs = [{"hosts": n, "ok": True, "tasks": {},
+             "steps": {s: {"rc": 0, "wall_s": 1.0 + 2.0 * n, "cpu_s": 0.5 + n} for s in ("validate", "hosts", "plan")}}
+            for n in (2, 8, 32)]
+    earlier = tmp_path / "a.json"
+    earlier.write_text(__import__("json").dumps({"runs": runs, "summary": {}}))
+    assert sp.main(["--summarize", str(earlier), "--out", str(tmp_path / "b.json")]) == 0
+    assert "plan.cpu_s" in capsys.readouterr().out
 
 
 def test_the_aliases_point_at_the_lab_hosts_in_turn_each_with_its_own_ssh_socket():
