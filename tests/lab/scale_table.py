@@ -140,8 +140,6 @@ def main(argv: list[str] | None = None) -> int:
         print("scale_table: times must be 0 or more (engine time above 0) and engines per host at least 1",
               file=sys.stderr)
         return 2
-    print(f"<!-- one engine out for its switch: {x.engine_s:g} s = {x.engine_lab_s:g} (lab) - {x.sim_start_s:g} "
-          f"(simulator start) + {x.gpu_start_s:g} (H200 start) + {x.weights_s:g} (weights) -->", file=sys.stderr)
     print(document(x))
     return 0
 
