@@ -29,6 +29,9 @@ than) its time per host at the smallest N (a task above --min-task-s at the larg
     .venv/bin/python tests/lab/scale_probe.py --inventory build/lab/inventory.yml --config ddtree-b32 \
         --hosts 2,8,32,128 --out build/scale-probe.json
 
+`--delegation-check --hosts 2,32,128,256` needs no lab: N local hosts, one task on each and one delegated to
+the controller, CPU per host of each (whether Ansible's own per-host cost grows with N).
+
 Exit 0: measured and nothing super-linear; 1: something super-linear (named) or a run failed; 2: bad input.
 """
 
@@ -204,6 +207,42 @@ def probe_one(n: int, lab: list[tuple[str, dict]], args: argparse.Namespace, wor
     return run
 
 
+DELEGATION_PLAY = """- name: One task on each host, one delegated to the controller (scale_probe --delegation-check)
+  hosts: all:!localhost
+  gather_facts: false
+  tasks:
+    - name: on the host
+      ansible.builtin.stat:
+        path: /etc/hostname
+    - name: delegated
+      ansible.builtin.stat:
+        path: /etc/hostname
+      delegate_to: localhost
+"""
+
+
+def delegation_check(counts: list[int], work: Path, forks: int | None, timeout: float) -> list[dict]:
+    """Whether Ansible's own per-host cost of a task, and of one delegated to the controller, grows with
+    the hosts: N local hosts (ansible_connection local), no lab needed. CPU per host of each task."""
+    play = work / "delegation.yml"
+    play.write_text(DELEGATION_PLAY, encoding="utf-8")
+    out = []
+    for n in counts:
+        local = f"      ansible_connection: local\n      ansible_python_interpreter: {sys.executable}\n"
+        inv = work / f"delegation-{n}.yml"
+        inv.write_text("all:\n  hosts:\n" + "".join(f"    h{i:04d}:\n{local}" for i in range(n))
+                       + f"    localhost:\n{local}", encoding="utf-8")
+        timings = work / f"delegation-tasks-{n}.json"
+        step = timed([str(BIN / "ansible-playbook"), "-i", str(inv), str(play)], ansible_env(timings, forks),
+                     work / f"delegation-{n}.log", timeout)
+        tasks = json.loads(timings.read_text()) if timings.exists() else {}
+        per_host = {k: round(v["cpu_s"] / n, 4) for k, v in tasks.items() if not k.startswith("(")}
+        out.append({"hosts": n, **step, "cpu_per_host_s": per_host})
+        print(f"N={n:4d} rc={step['rc']} wall {step['wall_s']:7.1f} s cpu {step['cpu_s']:7.1f} s per host {per_host}",
+              flush=True)
+    return out
+
+
 def summarize(runs: list[dict], factor: float, min_task_s: float, min_delta_s: float = 0.05) -> dict:
     ok = [r for r in runs if r["ok"]]
     summary: dict = {"fits": {}, "superlinear": [], "task_flags": []}
@@ -238,6 +277,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--min-task-delta-s", type=float, default=0.05,
                    help="a flagged task's time per host grows by at least this")
     p.add_argument("--work", default="build/scale-probe")
+    p.add_argument("--delegation-check", action="store_true",
+                   help="no lab: time a task and a delegated one over --hosts local hosts, then stop")
     p.add_argument("--summarize", metavar="JSON", nargs="+",
                    help="no runs: summarize the runs of these earlier outputs (one serial each) again")
     p.add_argument("--out", default="build/scale-probe.json")
@@ -281,6 +322,12 @@ def main(argv: list[str] | None = None) -> int:
             result["summary"] = summarize(result["runs"], args.superlinear_factor, args.min_task_s,
                                           args.min_task_delta_s)
             return report(result, REPO / args.out)
+        if args.delegation_check:
+            work = REPO / args.work
+            work.mkdir(parents=True, exist_ok=True)
+            runs = delegation_check(args.host_counts, work, args.forks, args.timeout)
+            (REPO / args.out).write_text(json.dumps({"delegation_check": runs}, indent=1), encoding="utf-8")
+            return 0 if all(r["rc"] == 0 for r in runs) else 1
         inv_path = Path(args.inventory)
         if not inv_path.is_file():
             raise ProbeError(f"inventory {inv_path} does not exist (bring the lab up: tests/lab/lab.py up)")
