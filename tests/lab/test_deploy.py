@@ -100,9 +100,10 @@ def test_ddtree_b15_deploys_and_passes_its_gates(lab):
     assert record["outcome"] == "deployed"
     assert {g["gate"]: g["verdict"] for g in record["gates"]} == {
         "smoke": "pass", "throughput": "pass", "acceptance": "pass"}
-    # The gates, then how long it took, as two sentences.
+    # The gates, then how long it took, then the post-deploy watch (off in this config), as three sentences.
     assert re.search(r"\. smoke PASS [^\"]*; acceptance PASS [^\"]*[^.]\. The service started in [0-9.]+ s "
-                     r"\(nothing was stopped for it\)\.\"$", deployed_line(proc.stdout)), deployed_line(proc.stdout)
+                     r"\(nothing was stopped for it\)\. The watch did not run: watch\.enabled is false\.\"$",
+                     deployed_line(proc.stdout)), deployed_line(proc.stdout)
     assert re.fullmatch(r"[0-9a-fx][0-9a-f]{11}", record["release"]), record["release"]  # the series hash
     # The record was fetched to the controller.
     fetched = list((REPO / "reports" / "deploys" / "lab1").glob("*.json"))

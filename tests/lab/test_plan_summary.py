@@ -90,7 +90,7 @@ def test_a_deploy_ends_with_one_summary_and_waits_as_progress(lab):
     assert lines[1].split()[:6] == ["host", "config", "before", "->", "after", "outcome"], tail
     row = next((line for line in lines if line.startswith("  lab1 ")), "")
     m = re.fullmatch(r"  lab1 +ddtree-b15 -> ddtree-b32 +deployed +smoke PASS; throughput PASS [0-9.]+ tok/s; "
-                     r"acceptance PASS [0-9.]+ +[0-9.]+ s +(reports/deploys/lab1/\S+\.json)", row)
+                     r"acceptance PASS [0-9.]+; watch off +[0-9.]+ s +(reports/deploys/lab1/\S+\.json)", row)
     assert m, tail
     assert (REPO / m.group(1)).is_file()
     assert row == out.rstrip().splitlines()[-1]  # the last line of the output

@@ -252,7 +252,7 @@ def test_the_record_and_status_show_the_watch():
     rolled = _record("rolled_back", {"result": "failed", "line": "watch FAILED ...", "intervals": []},
                      rollback={"cause": "watch", "reason": "WATCH FAILED on lab1 ...", "restored_healthy": True})
     kept = _record("deployed", {"result": "inconclusive", "line": "watch INCONCLUSIVE ...", "intervals": []})
-    off = _record("deployed", {"result": "off", "line": "watch not run: watch.enabled is false", "intervals": []})
+    off = _record("deployed", {"result": "off", "line": "watch did not run: watch.enabled is false", "intervals": []})
     old = _record("deployed", None)
     assert [records.history_rows([r])[0]["watch"] for r in (rolled, kept, off, old)] == [
         "failed", "inconclusive", "off", "-"]
