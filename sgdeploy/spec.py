@@ -102,8 +102,8 @@ class Replica:
 
 
 @dataclass(frozen=True)
-class Gates:
-    """The config's gates mapping (keys, kinds and defaults: sgdeploy.gate_schema)."""
+class _Values:
+    """A config section kept as its mapping of field values, each also read as an attribute."""
 
     values: dict[str, Any]
 
@@ -118,19 +118,13 @@ class Gates:
 
 
 @dataclass(frozen=True)
-class Watch:
+class Gates(_Values):
+    """The config's gates mapping (keys, kinds and defaults: sgdeploy.gate_schema)."""
+
+
+@dataclass(frozen=True)
+class Watch(_Values):
     """The config's post-deploy watch (docs/monitoring-watch.md): its fields as written, with their defaults."""
-
-    values: dict[str, Any]
-
-    def __getattr__(self, key: str) -> Any:
-        try:
-            return self.__dict__["values"][key]
-        except KeyError:
-            raise AttributeError(key) from None
-
-    def as_mapping(self) -> dict[str, Any]:
-        return dict(self.values)
 
     def resolved(self, gates: Gates) -> dict[str, Any]:
         """What the host's watch gets: min_accept_length from the gates when the watch leaves it out (0: none)."""
