@@ -66,6 +66,7 @@ class Server:
     tags: tuple[str, ...] = field(default_factory=tuple)
     tp_size: int = 1  # > 1: serving.tp_size and gpus 0 .. tp_size - 1 (CUDA_VISIBLE_DEVICES), NVLink multicast off
     fused_topk: bool | None = None  # None: the config's own speculative.fused_topk
+    max_running: int = 8  # MAX_RUNNING: max_running_requests and the largest decode/verify graph batch
 
 
 FULL = ("ddtree", "fork", "topk")
@@ -191,12 +192,30 @@ JUDGE = (
 QUICK = tuple(s for s in BUDGET if s.name in {"ar", "dflash", "ddtree-b15-k8", "ddtree-b64-k16", "nofork-b64-k16"})
 # Issue 32 in one call ("learned"): both, started together.
 LEARNED_SET = BUDGET + JUDGE
+# Issues 38 and 36 ("schedule", session 18): on the trained pair, CUDA graphs and overlap on, fused top-k, up to 16
+# requests in flight: AR, DFLASH 16, DDTREE 8 / 15 / 32 / 64 at cap 8 with forking and 64 without, and the budget
+# schedule 1:64,4:32,8:15 (patch 0005); each timed alone at 1, 4, 8 and 16 in flight and over a load that moves
+# 1 -> 16 -> 1 (plan "batches"). The servers tagged "watch" read their own /metrics with the post-deploy watch's code
+# (module_utils/sglang_watch.py) around the greedy run, against the requests' own meta_info numbers.
+SCHEDULE_TEXT = "1:64,4:32,8:15"
+BATCHES = (1, 4, 8, 16)
+SCHEDULE = (
+    Server("ar", "ar", variant=NORADIX, tags=("reference",), max_running=16),
+    Server("dflash", "dflash-b16", tags=("control", "watch"), max_running=16),
+    *(Server(f"ddtree-b{b}-k8", _FORK_CONFIG[b], b, 8, tags=("watch",) if b == 15 else (), max_running=16)
+      for b in (8, 15, 32, 64)),
+    Server("nofork-b64-k8", "ddtree-b64-nofork", 64, 8, features=FULL, tags=("nofork",), fused_topk=True,
+           max_running=16),
+    Server("sched-k8", "ddtree-b64", 64, 8, variant=("--speculative-ddtree-budget-schedule", SCHEDULE_TEXT),
+           tags=("watch", "schedule"), max_running=16),
+)
 # The sets that stay on the tiny random vocabulary-16 models, and why: the recorded runs of sessions 6-8 (core,
 # extra, final, gates, all) were made on them and their results in docs/ name them; tp2 needs vocabulary 16 at TP 2
 # (rank 1 holds no real row: the defect its run is expected to find). Every other set runs on the trained pair.
 TINY_SETS = {"core", "extra", "final", "gates", "all", "tp2"}
 SETS = {"core": CORE, "extra": EXTRA, "final": FINAL, "gates": GATES, "graphs": GRAPHS, "recheck": RECHECK, "treeconv": TREECONV,
         "tp2": TP2, "budget": BUDGET, "judge": JUDGE, "learned": LEARNED_SET, "quick": QUICK,
+        "schedule": SCHEDULE,
         "all": CORE + tuple(s for s in EXTRA if s.name != "ar")}
 
 
@@ -219,12 +238,20 @@ def model_overrides(config: spec.Config, models: str, budget: int | None, topk_c
     return out
 
 
+def harness_args(max_running: int = MAX_RUNNING) -> list[str]:
+    """HARNESS_ARGS with the graph batch limit of a server that runs ``max_running`` requests."""
+    out = list(HARNESS_ARGS)
+    out[out.index("--cuda-graph-max-bs-decode") + 1] = str(max_running)
+    return out
+
+
 def _overrides(server: Server, config: spec.Config, port: int, models: str = MODELS) -> dict:
-    extra = [*HARNESS_ARGS, *(SKIP_TOKENIZER if server.role == "experiment" else ()), *server.variant]
+    extra = [*harness_args(server.max_running), *(SKIP_TOKENIZER if server.role == "experiment" else ()),
+             *server.variant]
     sp = None if server.fused_topk is None else {"fused_topk": server.fused_topk}
     out = model_overrides(config, models, server.budget, server.topk_cap, sp)
     out["serving"] = {"port": port, "nccl_port": port + 1, "mem_fraction_static": MEM_FRACTION,
-                      "max_running_requests": MAX_RUNNING, "extra_args": extra, "forking_memory_gib": None}
+                      "max_running_requests": server.max_running, "extra_args": extra, "forking_memory_gib": None}
     if server.tp_size > 1:
         out["serving"].update(tp_size=server.tp_size, gpus=list(range(server.tp_size)),
                               env={**config.serving.env, **NO_MULTICAST_ENV})
@@ -271,7 +298,8 @@ def build(set_name: str = "core") -> dict:
     learned = models == LEARNED
     return {"set": set_name, "servers": servers, "wheels": sorted({s["wheel"] for s in servers}),
             "models": models, "learned": learned, "prompts": f"{models}/prompts.json" if learned else None,
-            "max_new": 128 if learned else 64, "harness_args": list(HARNESS_ARGS)}
+            "max_new": 128 if learned else 64, "harness_args": list(HARNESS_ARGS),
+            "batches": list(BATCHES) if set_name == "schedule" else None}
 
 
 def models_for(set_name: str) -> str:

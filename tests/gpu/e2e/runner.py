@@ -237,13 +237,64 @@ def path_rows(server: ServerProc) -> tuple[list, dict, list]:
     return rows, dict(sorted(batch_sizes.items(), key=lambda kv: int(kv[0]))), errors
 
 
+def watch_check(server: ServerProc, run) -> tuple[list, dict]:
+    """Issue 36 item 6: the post-deploy watch's reading of this server's real ``/metrics`` around ``run()``
+    (the greedy batch), against the requests' own numbers. The counters are read with the watch's own code
+    (``module_utils/sglang_watch.read``) just before and just after the batch (every request of it ended in
+    between, none other ran), and ``sglang_watch.watch`` runs beside the batch in a thread with 5-second
+    intervals. Returns (the batch's outputs, the comparison)."""
+    from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_watch as sw
+
+    url = f"http://127.0.0.1:{server.port}"
+    live: dict = {}
+
+    def watching() -> None:
+        try:
+            live.update(sw.watch(url, window_s=20, interval_s=5, failure_limit=3,
+                                 th=sw.Thresholds(min_requests=1, min_accept_length=1.0)))
+        except Exception as err:  # noqa: BLE001
+            live["error"] = f"{type(err).__name__}: {str(err)[:300]}"
+
+    before = sw.read(url)
+    thread = threading.Thread(target=watching, daemon=True)
+    thread.start()
+    outs = run()
+    after = sw.read(url)
+    thread.join(timeout=30)
+    interval = sw.judge_interval(1, before, after, 1.0, sw.Thresholds(min_requests=1))
+    ok = [o for o in outs if "error" not in o]
+    tokens = sum(int(o.get("completion_tokens") or 0) for o in ok)
+    verify = sum(int(o.get("verify_ct") or 0) for o in ok)
+    per_req = [float(o["accept_length"]) for o in ok if o.get("accept_length")]
+    check = {
+        "requests": len(outs), "errors": len(outs) - len(ok),
+        "metrics": {"finished": interval["finished"], "aborted": interval["aborted"],
+                    "generation_tokens": interval["generation_tokens"], "verify_calls": interval["verify_calls"],
+                    "accept_length": interval["accept_length"]},
+        "meta_info": {"completion_tokens": tokens, "spec_verify_ct": verify,
+                      "accept_length": round(tokens / verify, 3) if verify else None,
+                      "mean_of_spec_accept_length": round(sum(per_req) / len(per_req), 3) if per_req else None},
+        "live_watch": {k: live.get(k) for k in ("result", "line", "intervals", "error")},
+    }
+    check["counters_equal"] = (interval["finished"] == len(ok) and interval["generation_tokens"] == tokens
+                               and interval["verify_calls"] == verify)
+    return outs, check
+
+
 def experiment(server: ServerProc, ps: list[list[int]], deadline: float) -> dict:
     e, port = server.entry, server.port
     res: dict = {}
     is_ar = e["algorithm"] == "NONE"
     (server.path_log / "on").touch()
     t = time.time()
-    res["greedy"] = run_batch(port, [(p, MAX_NEW, 0.0, is_ar) for p in ps], generate)
+    jobs = [(p, MAX_NEW, 0.0, is_ar) for p in ps]
+    if "watch" in e["tags"]:
+        try:
+            res["greedy"], res["watch_check"] = watch_check(server, lambda: run_batch(port, jobs, generate))
+        except Exception as err:  # noqa: BLE001
+            res["watch_check"] = {"error": f"{type(err).__name__}: {str(err)[:300]}"}
+    if "greedy" not in res:
+        res["greedy"] = run_batch(port, jobs, generate)
     res["greedy_wall_s"] = round(time.time() - t, 2)
     (server.path_log / "on").unlink(missing_ok=True)
     say(server.name, f"greedy done in {res['greedy_wall_s']} s")
@@ -320,6 +371,56 @@ def timing(server: ServerProc, ps: list[list[int]]) -> dict:
         out["batch8"] = {"requests": len(res), "errors": [r["error"] for r in res if "error" in r][:3],
                          "tokens": toks8, "wall_s": round(wall8, 3),
                          "tokens_per_s": round(toks8 / wall8, 1) if wall8 else None}
+    except Exception as err:  # noqa: BLE001
+        out["error"] = f"{type(err).__name__}: {str(err)[:300]}"
+    return out
+
+
+def in_flight(port: int, jobs: list, n: int) -> tuple[list, float]:
+    """``jobs`` with ``n`` requests in flight (a new one starts as one ends); (outputs, wall seconds)."""
+    t = time.time()
+    with cf.ThreadPoolExecutor(n) as pool:
+        futs = [pool.submit(generate, port, *j) for j in jobs]
+        out = []
+        for f in futs:
+            try:
+                out.append(f.result())
+            except Exception as err:  # noqa: BLE001
+                out.append({"error": f"{type(err).__name__}: {str(err)[:300]}"})
+    return out, time.time() - t
+
+
+def _rate(outs: list, wall: float) -> dict:
+    ok = [o for o in outs if "error" not in o]
+    toks = sum(len(o.get("ids") or []) for o in ok)
+    verify = sum(int(o.get("verify_ct") or 0) for o in ok)
+    return {"requests": len(outs), "errors": [o["error"] for o in outs if "error" in o][:3], "tokens": toks,
+            "wall_s": round(wall, 3), "tokens_per_s": round(toks / wall, 1) if wall else None,
+            "accept_length": round(toks / verify, 3) if verify else None}
+
+
+def timing_batches(server: ServerProc, ps: list[list[int]], batches: list[int]) -> dict:
+    """Issue 38: speed with this server alone on the GPU at each number of requests in flight (2 x n requests of
+    MAX_NEW greedy tokens, n at a time; n = 1: 4 requests one after another), then over a load that moves
+    1 -> 16 -> 1 in flight (4, 32 and 4 requests), wall-clock with CUDA graphs replaying where they were captured
+    (the host loop is in the time)."""
+    port = server.port
+    out: dict = {}
+    try:
+        generate(port, ps[0], 8)  # nothing of the timing is a first call
+        for n in batches:
+            jobs = [(p, MAX_NEW) for p in (ps * 2)[: max(4, 2 * n)]]
+            outs, wall = in_flight(port, jobs, n)
+            out[f"batch{n}"] = _rate(outs, wall)
+        phases = [(1, 4), (max(batches), 2 * max(batches)), (1, 4)]
+        all_outs, total, start = [], 0.0, 0
+        for n, count in phases:
+            jobs = [(p, MAX_NEW) for p in (ps * 4)[start: start + count]]
+            start += count
+            outs, wall = in_flight(port, jobs, n)
+            all_outs += outs
+            total += wall
+        out["moving"] = {"phases": [f"{n} in flight x {c}" for n, c in phases], **_rate(all_outs, total)}
     except Exception as err:  # noqa: BLE001
         out["error"] = f"{type(err).__name__}: {str(err)[:300]}"
     return out
@@ -599,7 +700,10 @@ def summary_lines(results: dict) -> list[str]:
             parts.append(f"code {bk['code_with_loops']['accept_length']} prose {bk['prose_with_loops']['accept_length']}"
                          f" noloop {bk['all_without_loops']['accept_length']} loops {bk['all_loop_share']}")
         tm = r.get("timing")
-        if tm and "batch1" in tm:
+        if tm and "moving" in tm:
+            parts.append("tok/s " + " ".join(f"{k} {v.get('tokens_per_s')} (al {v.get('accept_length')})"
+                                             for k, v in tm.items() if isinstance(v, dict)))
+        elif tm and "batch1" in tm:
             parts.append(f"tok/s b1 {tm['batch1']['tokens_per_s']} b8 {tm.get('batch8', {}).get('tokens_per_s')}"
                          f" step {tm['batch1']['step_ms']} ms")
         p = r.get("paths")
@@ -613,6 +717,14 @@ def summary_lines(results: dict) -> list[str]:
         if r.get("gates"):
             parts.append("gates: " + "; ".join(g["gate"] + " " + g["verdict"] for g in r["gates"]["report"]["gates"]))
         lines.append(" | ".join(str(x) for x in parts))
+    for name, r in results.items():
+        wc = ((r.get("experiment_summary") or r.get("experiment") or {}).get("watch_check") if isinstance(r, dict) else None) or {}
+        if wc:
+            lw = wc.get("live_watch") or {}
+            lines.append(f"watch check {name}: counters equal {wc.get('counters_equal')}; metrics "
+                         f"{wc.get('metrics')}; meta_info {wc.get('meta_info')}; live watch {lw.get('result')}: "
+                         f"{lw.get('line') or lw.get('error')}" if "error" not in wc else
+                         f"watch check {name}: {wc['error']}")
     for name, v in (results.get("exactness") or {}).get("verdicts", {}).items():
         lines.append(f"exactness {name}: {v['verdict']}: {v.get('reason')}")
     for name, r in results.items():
@@ -706,6 +818,10 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 - the harness run 
             for s in (x for x in servers.values() if x.status == "serving"):
                 if time.time() > args.deadline - 90:
                     results[s.name]["timing"] = {"error": "not run: too close to the deadline"}
+                elif s.entry["role"] == "experiment" and plan.get("batches"):
+                    results[s.name]["timing"] = t = timing_batches(s, ps, plan["batches"])
+                    say(s.name, "timing", {k: v.get("tokens_per_s") for k, v in t.items() if isinstance(v, dict)})
+                    save()
                 elif s.entry["role"] == "experiment":
                     results[s.name]["timing"] = timing(s, ps)
                     say(s.name, "timing", results[s.name]["timing"].get("batch1", {}).get("tokens_per_s"),

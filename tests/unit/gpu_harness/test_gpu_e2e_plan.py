@@ -37,7 +37,7 @@ def test_every_server_carries_its_configs_rendered_flags(set_name):
         harness = pairs(entry["args"])
         # the tp2 set (issue 25) replaces the config's tensor parallelism too, and nothing else
         replaced = REPLACED | ({"--tp-size"} if set_name == "tp2" else set())
-        if set_name in ("budget", "judge", "learned", "quick") and "nofork" in entry["name"]:
+        if set_name in ("budget", "judge", "learned", "quick", "schedule") and "nofork" in entry["name"]:
             replaced |= {"--speculative-ddtree-topk"}  # the field's nofork configs use torch; issue 32 asks fused
         for flag, value in deployed.items():
             assert flag in harness, (entry["name"], flag)

@@ -15,6 +15,9 @@ public entry point; no private name of ``speculative_hook.py``), and resolves
 - ``--speculative-ddtree-tree-conv {parents,upstream}`` (default parents; diff 0004):
   the GDN verify's tree conv from DDTree's parents (``ddtree_tree_conv.py``) or
   0.5.23's, which rebuilds them from the links (same outputs; a side-by-side switch).
+- ``--speculative-ddtree-budget-schedule 1:64,4:32,8:15`` (diff 0005; default none): the
+  budget per running batch size (``ddtree_schedule.py``); ``--speculative-ddtree-budget``
+  defaults to, and must equal, its largest budget, and the top-k cap is at most its smallest.
 
 The switches stay None for every other algorithm, which is what the upstream
 files test before they enter any DDTree code.
@@ -64,17 +67,36 @@ def handle_ddtree(server_args: ServerArgs) -> None:
     """DDTREE = DFLASH drafting + a best-first draft tree (docs: ddtree_tree.py)."""
     cfg = resolving_view(server_args)
     budget = cfg.speculative_ddtree_budget
+    # diff 0005: a budget per batch size (ddtree_schedule.py); the buffers take the largest.
+    schedule = getattr(cfg, "speculative_ddtree_budget_schedule", None)
+    entries = None
+    if schedule is not None:
+        from sglang.srt.speculative.ddtree_schedule import parse as parse_schedule
+
+        entries = parse_schedule(schedule)
+        largest = max(b for _, b in entries)
+        if budget is not None and int(budget) != largest:
+            raise ValueError(
+                f"--speculative-ddtree-budget ({budget}) must equal the largest budget of "
+                f"--speculative-ddtree-budget-schedule ({largest}): buffers and graphs are sized for it."
+            )
+        budget = largest
     budget = DDTREE_DEFAULT_BUDGET if budget is None else int(budget)
     if budget < 1:
         raise ValueError(f"--speculative-ddtree-budget must be >= 1, got {budget}.")
+    smallest = budget if entries is None else min(b for _, b in entries)
     cap = cfg.speculative_ddtree_topk_cap
-    cap = min(DDTREE_DEFAULT_TOPK_CAP, budget) if cap is None else int(cap)
+    cap = min(DDTREE_DEFAULT_TOPK_CAP, smallest) if cap is None else int(cap)
     if cap < 1:
         raise ValueError(f"--speculative-ddtree-topk-cap must be >= 1, got {cap}.")
-    if cap > budget:
+    if cap > smallest:
         raise ValueError(
             f"--speculative-ddtree-topk-cap ({cap}) must not exceed "
-            f"--speculative-ddtree-budget ({budget})."
+            + (
+                f"--speculative-ddtree-budget ({budget})."
+                if entries is None
+                else f"the smallest budget of --speculative-ddtree-budget-schedule ({smallest})."
+            )
         )
     if cap > 254 or budget > 1024:
         raise ValueError("DDTREE supports --speculative-ddtree-topk-cap <= 254 and budget <= 1024.")
@@ -150,3 +172,7 @@ def handle_ddtree(server_args: ServerArgs) -> None:
         speculative_ddtree_topk=topk,
         speculative_ddtree_tree_conv=tree_conv,
     )
+    if entries is not None:
+        from sglang.srt.speculative.ddtree_schedule import normalise
+
+        declare_resolution(server_args, "handle_ddtree", speculative_ddtree_budget_schedule=normalise(entries))

@@ -183,7 +183,9 @@ def forward_decode(worker, batch, on_publish=None, grammar_barrier=None, pp_prox
     batch.seq_lens.record_stream(torch.get_device_module(worker.device).current_stream())
 
     bs = len(batch.seq_lens)
-    width = int(worker.ddtree_budget) + 1
+    # The step's budget: the fixed one, or the schedule's for this batch size (diff 0005; host only).
+    budget = int(worker.step_budget(bs))
+    width = budget + 1
     prefix_lens = batch.seq_lens
 
     # 1) Draft block; 2) per-depth top-k; 3) tree; 4) verify input.
@@ -204,6 +206,7 @@ def forward_decode(worker, batch, on_publish=None, grammar_barrier=None, pp_prox
         capture_hidden_mode=CaptureHiddenMode.FULL,
         tp_group=tp_group,
         seq_lens_sum=host_sum,  # host: the FULL_MASK size needs no device read
+        budget=budget,
     )
     # Verify window: budget + 1 slots from the committed length (reserved by the
     # scheduler), and its plan for the target/draft id translation.

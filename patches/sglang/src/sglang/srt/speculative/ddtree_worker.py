@@ -20,6 +20,8 @@ Per decode step (all device ops, no host synchronisation in the tree part):
    next draft input (bonus token, new lengths).
 
 ``ddtree_accept.py`` states the same acceptance rules in plain torch (tests).
+Budget schedule (diff 0005, ``ddtree_schedule.py``): ``step_budget`` gives each decode step the
+budget of its batch size; every width-dependent part of the step takes the step's width.
 CUDA graphs: the target's verify graphs are captured at the verify width budget + 1
 with the tree's custom mask (0001's edit of ``decode_cuda_graph_runner.py``); the draft
 runner's graphs at ``block_size`` tokens per request (0001's edit of
@@ -61,16 +63,30 @@ class DDTreeWorker(DFlashWorkerV2):
         # --speculative-ddtree-topk (resolved by ddtree_hook.handle_ddtree): fused | torch.
         self.ddtree_fused_topk = (spec.speculative_ddtree_topk or "fused") == "fused"
         self.speculative_num_draft_tokens = self.ddtree_budget + 1
+        # diff 0005: a budget per running batch size; ddtree_budget is then its largest (buffers, graphs).
+        schedule = getattr(spec, "speculative_ddtree_budget_schedule", None)
+        self.ddtree_schedule = None
+        if schedule:
+            from sglang.srt.speculative.ddtree_schedule import BudgetSchedule
+
+            self.ddtree_schedule = BudgetSchedule.from_text(schedule)
         ddtree_decode.check_supported(self, spec)
         logger.info(
-            "DDTREE: budget=%d topk_cap=%d depth=%d verify width=%d top-k=%s state forking=%s",
+            "DDTREE: budget=%d schedule=%s topk_cap=%d depth=%d verify width=%d top-k=%s state forking=%s",
             self.ddtree_budget,
+            self.ddtree_schedule or "none",
             self.ddtree_topk_cap,
             self.ddtree_depth,
             self.ddtree_budget + 1,
             "fused" if self.ddtree_fused_topk else "torch",
             spec.speculative_ddtree_state_forking or "on",
         )
+
+    def step_budget(self, batch_size: int) -> int:
+        """The tree budget of a decode step of ``batch_size`` requests (host only)."""
+        if self.ddtree_schedule is None:
+            return self.ddtree_budget
+        return self.ddtree_schedule.budget_for(batch_size)
 
     def _maybe_build_draft_sampler(self):
         """No in-graph draft head under DDTREE (``DFlashWorkerV2.init_cuda_graphs`` folds the
@@ -93,6 +109,7 @@ class DDTreeWorker(DFlashWorkerV2):
         tp_group=None,
         draft_probs: Optional[torch.Tensor] = None,
         seq_lens_sum: Optional[int] = None,
+        budget: Optional[int] = None,
     ) -> DDTreeVerifyInput:
         """``draft_hidden`` [bs, D, H]: the drafter's hidden states at block positions 1..D."""
         bs, depth, hidden = draft_hidden.shape
@@ -103,7 +120,7 @@ class DDTreeWorker(DFlashWorkerV2):
         layout = build_ddtree(
             logprobs.view(bs, depth, -1),
             ids.view(bs, depth, -1),
-            self.ddtree_budget,
+            self.ddtree_budget if budget is None else int(budget),
             root_tokens=root_tokens,
             root_positions=seq_lens,
         )
