@@ -74,7 +74,8 @@ else:
     print(json.dumps({k: getattr(a, k, None) for k in (
         "speculative_algorithm", "speculative_ddtree_budget", "speculative_ddtree_topk_cap",
         "speculative_num_draft_tokens", "speculative_dflash_block_size",
-        "speculative_ddtree_state_forking", "speculative_ddtree_topk", "speculative_ddtree_tree_conv")}))
+        "speculative_ddtree_state_forking", "speculative_ddtree_topk", "speculative_ddtree_tree_conv",
+        "speculative_ddtree_budget_schedule")}))
 """
 
 
@@ -244,3 +245,44 @@ def test_cap_above_budget_is_rejected_with_a_message(cpu_python, site_dirs, mode
     assert got.get("rejected") == "ValueError", f"{got} {err[-2000:]}"
     assert "--speculative-ddtree-topk-cap (8)" in got["message"]
     assert "--speculative-ddtree-budget (4)" in got["message"]
+
+
+def schedule_line(models: Path, schedule: str, *more: str) -> list[str]:
+    return [*dflash_line(models, "DDTREE"), "--speculative-ddtree-budget-schedule", schedule, *more]
+
+
+def test_a_budget_schedule_sizes_the_server_for_its_largest_budget(cpu_python, site_dirs, models):
+    """Patch 0005: the budget defaults to the schedule's largest (the verify width, KV reservation and graphs are
+    sized for it), the cap to min(8, its smallest), and the schedule comes back normalised."""
+    built, site = site_dirs["patched"]
+    got, err = parse(cpu_python, site, schedule_line(models, " 1:64, 4:32 ,8:15"))
+    assert "rejected" not in got, f"{got} {err[-2000:]}"
+    assert got["speculative_ddtree_budget"] == 64 and got["speculative_num_draft_tokens"] == 65
+    assert got["speculative_ddtree_topk_cap"] == 8
+    assert got["speculative_ddtree_budget_schedule"] == "1:64,4:32,8:15"
+    assert got["speculative_dflash_block_size"] == 16
+    # without a schedule the field stays None, as every switch does
+    plain, err = parse(cpu_python, site, ddtree_line(models, 15, 8))
+    assert plain["speculative_ddtree_budget_schedule"] is None, err[-2000:]
+
+
+@pytest.mark.parametrize("line, words", [
+    (["--speculative-ddtree-budget", "32"], ["--speculative-ddtree-budget (32)", "largest budget", "(64)"]),
+    (["--speculative-ddtree-topk-cap", "16"], ["--speculative-ddtree-topk-cap (16)", "smallest budget", "(15)"]),
+])
+def test_a_schedule_that_contradicts_the_budget_or_the_cap_is_refused(cpu_python, site_dirs, models, line, words):
+    built, site = site_dirs["patched"]
+    got, err = parse(cpu_python, site, schedule_line(models, "1:64,4:32,8:15", *line))
+    assert got.get("rejected") == "ValueError", f"{got} {err[-2000:]}"
+    for w in words:
+        assert w in got["message"], got["message"]
+
+
+@pytest.mark.parametrize("schedule, words", [("4:32,8:15", "must start at min_batch 1"),
+                                             ("1:64,8:15,4:32", "must rise strictly"),
+                                             ("1:64,8:zero", "not min_batch:budget")])
+def test_a_malformed_schedule_is_refused_with_one_line(cpu_python, site_dirs, models, schedule, words):
+    built, site = site_dirs["patched"]
+    got, err = parse(cpu_python, site, schedule_line(models, schedule))
+    assert got.get("rejected") == "ValueError", f"{got} {err[-2000:]}"
+    assert "--speculative-ddtree-budget-schedule" in got["message"] and words in got["message"], got["message"]
