@@ -67,6 +67,7 @@ class Server:
     tp_size: int = 1  # > 1: serving.tp_size and gpus 0 .. tp_size - 1 (CUDA_VISIBLE_DEVICES), NVLink multicast off
     fused_topk: bool | None = None  # None: the config's own speculative.fused_topk
     max_running: int = 8  # MAX_RUNNING: max_running_requests and the largest decode/verify graph batch
+    env: tuple[tuple[str, str], ...] = ()  # added to the server's environment
 
 
 FULL = ("ddtree", "fork", "topk")
@@ -208,6 +209,9 @@ SCHEDULE = (
            max_running=16),
     Server("sched-k8", "ddtree-b64", 64, 8, variant=("--speculative-ddtree-budget-schedule", SCHEDULE_TEXT),
            tags=("watch", "schedule"), max_running=16),
+    Server("sched-k8-onegraph", "ddtree-b64", 64, 8,
+           variant=("--speculative-ddtree-budget-schedule", SCHEDULE_TEXT), tags=("schedule",), max_running=16,
+           env=(("SGLANG_DDTREE_SCHEDULE_GRAPHS", "0"),)),
 )
 # The sets that stay on the tiny random vocabulary-16 models, and why: the recorded runs of sessions 6-8 (core,
 # extra, final, gates, all) were made on them and their results in docs/ name them; tp2 needs vocabulary 16 at TP 2
@@ -272,7 +276,7 @@ def server_entry(server: Server, index: int, models: str = MODELS) -> dict:
     host = render.HostSettings(release_label="e2e", bind_address="127.0.0.1")
     args = render.launch_args(config, host)
     features = tuple(server.features) if server.features is not None else config.patch_features
-    env = dict(config.serving.env)
+    env = {**config.serving.env, **dict(server.env)}
     if config.serving.tp_size > 1:  # the runner passes env to the server: both GPUs, as a unit's Environment= does
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in config.serving.gpus)
     return {

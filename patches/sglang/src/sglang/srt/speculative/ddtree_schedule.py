@@ -13,12 +13,11 @@ one a full batch, in one server.
 
 What is sized for the largest budget (``--speculative-ddtree-budget``, which must equal it): the
 scheduler's KV reservation per decode step (2 x (budget + 1) slots), the recurrent-state forking
-buffers, the top-k cap (at most the smallest budget) and the target's verify CUDA graphs, captured
-at the largest width only. A step at a smaller budget verifies a narrower tree; its width differs
-from the captured one, so 0.5.23's graph runner replays no graph for it and runs the verify eagerly
-(``DecodeCudaGraphRunner.can_run_graph``: "the batch's actual per-request width must match this
-runner's capture width; anything else falls back to eager"). Graphs per (batch bucket, budget) are
-not built yet.
+buffers and the top-k cap (at most the smallest budget). The target's verify CUDA graphs are
+captured at every scheduled budget's width (``ddtree_graphs.py``: one graph runner per width, each
+with its own attention backend, dispatched by the step's width); with
+``SGLANG_DDTREE_SCHEDULE_GRAPHS=0`` only the largest width has graphs and the other steps verify
+eagerly (0.5.23's runner replays only its captured width).
 
 Losslessness: each step is a complete DDTree step at its budget (the tree, its mask, the verify and
 the accepted-path commit all take the step's width), so a request that lives across a change of

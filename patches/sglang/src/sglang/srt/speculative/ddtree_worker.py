@@ -21,7 +21,8 @@ Per decode step (all device ops, no host synchronisation in the tree part):
 
 ``ddtree_accept.py`` states the same acceptance rules in plain torch (tests).
 Budget schedule (diff 0005, ``ddtree_schedule.py``): ``step_budget`` gives each decode step the
-budget of its batch size; every width-dependent part of the step takes the step's width.
+budget of its batch size; every width-dependent part of the step takes the step's width, and
+``ddtree_graphs.install`` captures the target's verify graphs at every scheduled width.
 CUDA graphs: the target's verify graphs are captured at the verify width budget + 1
 with the tree's custom mask (0001's edit of ``decode_cuda_graph_runner.py``); the draft
 runner's graphs at ``block_size`` tokens per request (0001's edit of
@@ -71,6 +72,13 @@ class DDTreeWorker(DFlashWorkerV2):
 
             self.ddtree_schedule = BudgetSchedule.from_text(schedule)
         ddtree_decode.check_supported(self, spec)
+        if self.ddtree_schedule is not None:
+            # Target verify graphs at each scheduled budget's width (ddtree_graphs.py).
+            from sglang.srt.speculative import ddtree_graphs
+
+            ddtree_graphs.install(
+                self.target_worker.model_runner, self.ddtree_schedule.budgets, self.ddtree_budget
+            )
         logger.info(
             "DDTREE: budget=%d schedule=%s topk_cap=%d depth=%d verify width=%d top-k=%s state forking=%s",
             self.ddtree_budget,
