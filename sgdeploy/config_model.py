@@ -445,7 +445,8 @@ class SpeculativeSection(_Section):
             return None
         from sgdeploy import schedule as sched
 
-        path, entries, ok = "speculative.budget_schedule", [], True
+        path, ok = "speculative.budget_schedule", True
+        entries: list[tuple[int, int]] = []
         if not raw:
             p.bad(path, raw, "must have at least one entry, e.g. [{min_batch: 1, budget: 64}]")
             return None
@@ -456,7 +457,7 @@ class SpeculativeSection(_Section):
                                              "(e.g. {min_batch: 4, budget: 32})")
                 ok = False
             else:
-                entries.append((values[0], values[1]))
+                entries.append((int(entry["min_batch"]), int(entry["budget"])))
         if not ok:
             return None
         for why in sched.problems(entries, MAX_BUDGET):
@@ -502,17 +503,19 @@ class SpeculativeSection(_Section):
         for key in ("state_forking", "fused_topk", "reproduce_state_leak"):
             if getattr(self, key) is None:
                 setattr(self, key, False)
-        leaky = recurrent and not self.state_forking and bs is not None and not self.reproduce_state_leak
-        if leaky and schedule and max(b for _, b in schedule) > bs - 1:
+        # the largest budget without forking (block_size - 1), when the rule applies
+        limit = (bs - 1 if recurrent and not self.state_forking and bs is not None and not self.reproduce_state_leak
+                 else None)
+        if limit is not None and schedule and max(b for _, b in schedule) > limit:
             p.bad("speculative.budget_schedule", self.budget_schedule,
                   f"on a model with recurrent layers and state_forking off, every scheduled budget must be at most "
-                  f"block_size - 1 ({bs - 1}): sibling nodes would share the recurrent state and acceptance "
+                  f"block_size - 1 ({limit}): sibling nodes would share the recurrent state and acceptance "
                   "collapses; turn speculative.state_forking on, or set speculative.reproduce_state_leak: true "
                   "to reproduce the collapse on purpose")
-        elif leaky and budget is not None and budget > bs - 1:
+        elif limit is not None and budget is not None and budget > limit:
             p.bad("speculative.budget", budget,
                   f"on a model with recurrent layers and state_forking off, must be at most block_size - 1 "
-                  f"({bs - 1}): sibling nodes would share the recurrent state and acceptance collapses; "
+                  f"({limit}): sibling nodes would share the recurrent state and acceptance collapses; "
                   "turn speculative.state_forking on, or set speculative.reproduce_state_leak: true to "
                   "reproduce the collapse on purpose")
         if self.state_forking and recurrent is False:

@@ -908,8 +908,9 @@ def progress(row: dict) -> str:
 def progress_cell(cell: dict) -> str:
     if cell["status"] != "ok":
         return f"FAILED: {cell['error']}"
+    done = cell["requests"] - cell["failures"]
     return (f"accept {cell['accept_length_mean']:.1f}, {cell['tokens_per_s']:.1f} tok/s, "
-            f"step {cell['step_time_ms'] or 0:.0f} ms, {cell['requests'] - cell['failures']}/{cell['requests']} requests")
+            f"step {cell['step_time_ms'] or 0:.0f} ms, {done}/{cell['requests']} requests")
 
 
 def summary(results: dict, paths: dict[str, Path]) -> str:

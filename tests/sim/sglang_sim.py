@@ -286,7 +286,7 @@ def budget_schedule(parser: Parser, args: argparse.Namespace) -> tuple[tuple[int
         if not m:
             parser.error(f"argument {flag}: invalid value {text!r}: entry {item!r} is not min_batch:budget")
         entries.append((int(m.group(1)), int(m.group(2))))
-    if entries[0][0] != 1 or any(b[0] <= a[0] for a, b in zip(entries, entries[1:])):
+    if entries[0][0] != 1 or any(b[0] <= a[0] for a, b in zip(entries, entries[1:], strict=False)):
         parser.error(f"argument {flag}: invalid value {text!r}: min_batch must start at 1 and increase")
     if max(b for _, b in entries) != args.speculative_ddtree_budget:
         parser.error(f"argument {flag}: invalid value {text!r}: --speculative-ddtree-budget "
