@@ -20,6 +20,7 @@
 #: TOPK_CAPS="4 8"     sweep: the top-k caps to test (default: the config's cap)
 #: CLIFF_DROP=0.25     sweep: the acceptance drop (a fraction) that marks the cliff (default 0.25)
 #: TIE_TOLERANCE=0.03  sweep: tokens/s within this fraction of the fastest is a tie (default 0.03)
+#: BATCHES="1 4 8 16"  sweep: also bench each budget at these batch sizes and derive a budget schedule
 #: REPLACES=a,b        deploy, plan, rollback: the other configs it may stop or displace (a shared port, NCCL port or GPU)
 #: DRAIN=1            provision: drain (stop) the services of hosts that serve before a reboot (default: refuse)
 #: VERBOSE=1           show skipped tasks too (the output hides them by default)
@@ -53,6 +54,7 @@ BUDGETS     ?= 8 15 16 32 64
 TOPK_CAPS   ?=
 CLIFF_DROP  ?=
 TIE_TOLERANCE ?=
+BATCHES ?=
 HOST        ?=
 PATCHES     ?=
 PATCH       ?=
@@ -63,7 +65,7 @@ REPLACES    ?=
 # Take every user variable's text as it is (make never expands a `$(...)` in it), and hand it to
 # the recipes' environment.
 USER_VARS := CONFIG INVENTORY LIMIT SERIAL LAB_HOSTS LAB_INVENTORY BUDGETS TOPK_CAPS CLIFF_DROP \
-             TIE_TOLERANCE HOST PATCHES PATCH DRAIN VERBOSE REPLACES
+             TIE_TOLERANCE BATCHES HOST PATCHES PATCH DRAIN VERBOSE REPLACES
 $(foreach v,$(USER_VARS),$(eval override $(v) := $$(value $(v))))
 
 # No INVENTORY: the lab (brought up when absent).
@@ -235,7 +237,8 @@ sweep: $(STAMP) ## Sweep CONFIG over BUDGETS (and TOPK_CAPS) on one host; report
 	$(ensure_lab)
 	$(need_host)
 	$(SGDEPLOY) sweep --config "$$CONFIG" --inventory "$$INV" --budgets "$$BUDGETS" $${TOPK_CAPS:+--topk-caps "$$TOPK_CAPS"} \
-		$${HOST:+--host "$$HOST"} $${CLIFF_DROP:+--cliff-drop "$$CLIFF_DROP"} $${TIE_TOLERANCE:+--tie-tolerance "$$TIE_TOLERANCE"}
+		$${HOST:+--host "$$HOST"} $${CLIFF_DROP:+--cliff-drop "$$CLIFF_DROP"} $${TIE_TOLERANCE:+--tie-tolerance "$$TIE_TOLERANCE"} \
+		$${BATCHES:+--batches "$$BATCHES"}
 
 lab-up: $(STAMP) ## Boot the lab: LAB_HOSTS systemd-nspawn hosts on 127.0.1.x, inventory/lab.yml
 	$(PY) tests/lab/lab.py up

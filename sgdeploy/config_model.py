@@ -70,7 +70,8 @@ SOURCE_FIELDS = {"hf": ("path", "revision", "allow_patterns"), "path": ("path",)
 SPEC_FIELDS_BY_ALGORITHM = {
     "NONE": set(),
     "DFLASH": {"block_size"},
-    "DDTREE": {"block_size", "budget", "topk_cap", "state_forking", "fused_topk", "reproduce_state_leak"},
+    "DDTREE": {"block_size", "budget", "topk_cap", "state_forking", "fused_topk", "reproduce_state_leak",
+               "budget_schedule"},
 }
 
 # What extra_args may not set, by SGLang's field (dest), whatever the spelling (alias, unique prefix,
@@ -88,6 +89,7 @@ MANAGED_DESTS = {
     "speculative_draft_model_path": "set from drafter.*",
     "speculative_dflash_block_size": "set from speculative.block_size",
     "speculative_ddtree_budget": "set from speculative.budget",
+    "speculative_ddtree_budget_schedule": "set from speculative.budget_schedule",
     "speculative_ddtree_topk_cap": "set from speculative.topk_cap",
     "speculative_ddtree_state_forking": "set from speculative.state_forking",
     "speculative_ddtree_topk": "set from speculative.fused_topk",
@@ -210,6 +212,15 @@ EnvEntries = Annotated[dict[str, str | int | float | bool], WithJsonSchema({
     "type": "object", "propertyNames": {"pattern": ENV_NAME_RE.pattern},
     "additionalProperties": {"type": ["string", "integer", "number", "boolean"]}})]
 EnvMap = Annotated[EnvEntries | None, Leaf("map[str]", "must be a mapping of NAME: value")]
+# speculative.budget_schedule: checked entry by entry (`SpeculativeSection.check_schedule`).
+ScheduleEntries = Annotated[list[dict[str, Any]], WithJsonSchema({
+    "type": "array", "minItems": 1, "items": {
+        "type": "object", "required": ["min_batch", "budget"], "additionalProperties": False,
+        "properties": {"min_batch": {"type": "integer", "minimum": 1},
+                       "budget": {"type": "integer", "minimum": 1, "maximum": MAX_BUDGET}}}})]
+ScheduleList = Annotated[ScheduleEntries | None, Leaf("list[map]", "must be a list of {min_batch, budget} mappings, "
+                                                                   "e.g. [{min_batch: 1, budget: 64}, "
+                                                                   "{min_batch: 8, budget: 15}]")]
 Source = Annotated[ModelSource | None, Leaf("choice", f"must be one of {', '.join(MODEL_SOURCES)}")]
 AlgorithmChoice = Annotated[Algorithm | None, Leaf("choice", f"must be one of {', '.join(ALGORITHMS)}")]
 BackendChoice = Annotated[AttentionBackend | None, Leaf("choice", f"must be one of {', '.join(ATTENTION_BACKENDS)}",
@@ -420,13 +431,64 @@ class SpeculativeSection(_Section):
     state_forking: Bool = Field(None, description="DDTREE on recurrent models: per-node recurrent state")
     fused_topk: Bool = Field(None, description="DDTREE: the fused top-k kernel")
     reproduce_state_leak: Bool = Field(None, description="DDTREE: allow the shared-state collapse on purpose")
+    budget_schedule: ScheduleList = Field(None, description="DDTREE: a budget per running-batch size, "
+                                                            "[{min_batch, budget}, ...] from min_batch 1 up; "
+                                                            "speculative.budget is its largest budget")
 
-    def check_ddtree(self, p: Problems, recurrent: Any) -> None:
+    def check_schedule(self, p: Problems, max_running: Any) -> list[tuple[int, int]] | None:
+        """speculative.budget_schedule (docs/ddtree.md, "Budget schedule"): each entry {min_batch, budget}
+        in whole numbers, min_batch from 1 and increasing, budgets within the limits, every entry reachable
+        under serving.max_running_requests. Sets speculative.budget to the largest scheduled budget when left
+        out; given, it must equal it. Returns the schedule, or None (none, or a problem reported)."""
+        raw = self.budget_schedule
+        if raw is None:
+            return None
+        from sgdeploy import schedule as sched
+
+        path, ok = "speculative.budget_schedule", True
+        entries: list[tuple[int, int]] = []
+        if not raw:
+            p.bad(path, raw, "must have at least one entry, e.g. [{min_batch: 1, budget: 64}]")
+            return None
+        for i, entry in enumerate(raw):
+            values = [entry.get(k) for k in ("min_batch", "budget")]
+            if set(entry) != {"min_batch", "budget"} or not all(type(v) is int for v in values):
+                p.bad(f"{path}[{i}]", entry, "must be a mapping of exactly min_batch and budget, whole numbers "
+                                             "(e.g. {min_batch: 4, budget: 32})")
+                ok = False
+            else:
+                entries.append((int(entry["min_batch"]), int(entry["budget"])))
+        if not ok:
+            return None
+        for why in sched.problems(entries, MAX_BUDGET):
+            p.bad(path, raw, why)
+            ok = False
+        if isinstance(max_running, int) and entries[-1][0] > max_running:
+            p.bad(path, raw, f"min_batch {entries[-1][0]} is never reached: serving.max_running_requests is "
+                             f"{max_running}")
+            ok = False
+        if not ok:
+            return None
+        largest = max(b for _, b in entries)
+        if self.budget is None:
+            self.budget = largest  # derived: the buffers are sized for the largest scheduled budget
+        elif self.budget != largest:
+            p.bad("speculative.budget", self.budget, f"with speculative.budget_schedule, must equal its largest "
+                                                     f"budget ({largest}; the buffers are sized for it), or be "
+                                                     "left out (null) to take it from the schedule")
+            return None
+        return entries
+
+    def check_ddtree(self, p: Problems, recurrent: Any, max_running: Any = None) -> None:
         """DDTREE's budget and top-k cap, and its state switches against the model's recurrent layers.
         Sets the switches left out to false."""
+        schedule = self.check_schedule(p, max_running)
         budget, cap, bs = self.budget, self.topk_cap, self.block_size
+        raw_spec = p.raw.get("speculative")
+        schedule_given = isinstance(raw_spec, dict) and raw_spec.get("budget_schedule") is not None
         if budget is None:
-            p.bad("speculative.budget", ABSENT, "required for algorithm DDTREE")
+            if not schedule_given:  # else the schedule's problem is reported above
+                p.bad("speculative.budget", ABSENT, "required for algorithm DDTREE")
         elif budget < 1 or budget > MAX_BUDGET:
             p.bad("speculative.budget", budget, f"must be between 1 and {MAX_BUDGET}")
         if cap is None:
@@ -435,14 +497,25 @@ class SpeculativeSection(_Section):
             p.bad("speculative.topk_cap", cap, f"must be between 1 and {MAX_TOPK_CAP}")
         elif budget is not None and 1 <= budget and cap > budget:
             p.bad("speculative.topk_cap", cap, f"must not exceed speculative.budget ({budget})")
+        elif schedule and cap > min(b for _, b in schedule):
+            p.bad("speculative.topk_cap", cap, f"must not exceed the smallest budget of speculative.budget_schedule "
+                                               f"({min(b for _, b in schedule)})")
         for key in ("state_forking", "fused_topk", "reproduce_state_leak"):
             if getattr(self, key) is None:
                 setattr(self, key, False)
-        if (recurrent and not self.state_forking and budget is not None and bs is not None
-                and budget > bs - 1 and not self.reproduce_state_leak):
+        # the largest budget without forking (block_size - 1), when the rule applies
+        limit = (bs - 1 if recurrent and not self.state_forking and bs is not None and not self.reproduce_state_leak
+                 else None)
+        if limit is not None and schedule and max(b for _, b in schedule) > limit:
+            p.bad("speculative.budget_schedule", self.budget_schedule,
+                  f"on a model with recurrent layers and state_forking off, every scheduled budget must be at most "
+                  f"block_size - 1 ({limit}): sibling nodes would share the recurrent state and acceptance "
+                  "collapses; turn speculative.state_forking on, or set speculative.reproduce_state_leak: true "
+                  "to reproduce the collapse on purpose")
+        elif limit is not None and budget is not None and budget > limit:
             p.bad("speculative.budget", budget,
                   f"on a model with recurrent layers and state_forking off, must be at most block_size - 1 "
-                  f"({bs - 1}): sibling nodes would share the recurrent state and acceptance collapses; "
+                  f"({limit}): sibling nodes would share the recurrent state and acceptance collapses; "
                   "turn speculative.state_forking on, or set speculative.reproduce_state_leak: true to "
                   "reproduce the collapse on purpose")
         if self.state_forking and recurrent is False:
@@ -763,7 +836,7 @@ class ConfigModel(_Section):
         algo = spec.algorithm
         self._check_algorithm_fields(p)
         if algo == "DDTREE":
-            spec.check_ddtree(p, model.recurrent_layers)
+            spec.check_ddtree(p, model.recurrent_layers, serving.max_running_requests)
         model.check_source(p)
         if self.drafter is not None and algo != "NONE":
             self.drafter.check_source(p)
@@ -789,7 +862,8 @@ class ConfigModel(_Section):
         raw = p.raw.get("speculative")
         raw_spec: dict[Any, Any] = raw if isinstance(raw, dict) else {}
         allowed = set() if algo is None else SPEC_FIELDS_BY_ALGORITHM.get(algo, set())
-        for key in ("block_size", "budget", "topk_cap", "state_forking", "fused_topk", "reproduce_state_leak"):
+        for key in ("block_size", "budget", "topk_cap", "state_forking", "fused_topk", "reproduce_state_leak",
+                    "budget_schedule"):
             if key in raw_spec and raw_spec[key] is not None and key not in allowed:
                 users = [a for a, keys in SPEC_FIELDS_BY_ALGORITHM.items() if key in keys]
                 p.bad(f"speculative.{key}", raw_spec[key], f"only for algorithm {' or '.join(users)}, not {algo}")
@@ -843,9 +917,12 @@ class ConfigModel(_Section):
             p.bad("serving.tp_size", tp, str(exc))
             return
         if largest is not None and spec.budget > largest:
+            sized = (" (the largest of speculative.budget_schedule: the buffers are sized for it)"
+                     if spec.budget_schedule else "")
             p.bad("speculative.budget", spec.budget,
                   f"the forking buffers of {model_path} at {requests} running request(s) need {need:.1f} GiB "
-                  f"per GPU, serving.forking_memory_gib allows {gib:g}: the largest budget that fits is {largest}")
+                  f"per GPU, serving.forking_memory_gib allows {gib:g}: the largest budget that fits is {largest}"
+                  + sized)
 
     def _check_strings(self, p: Problems) -> None:
         """Every config string that reaches the unit, the env file or a command on the host: one line

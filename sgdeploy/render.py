@@ -19,7 +19,7 @@ from pathlib import Path
 
 import jinja2
 
-from sgdeploy import models
+from sgdeploy import models, schedule
 from sgdeploy.spec import Config, ConfigError, Drafter, Model, Replica, controller_folder, is_loopback
 
 TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "templates" / "systemd"
@@ -132,6 +132,8 @@ def launch_args(config: Config, host: HostSettings, replica: Replica | None = No
                  "--speculative-ddtree-topk-cap", str(sp.topk_cap),
                  "--speculative-ddtree-state-forking", "on" if sp.state_forking else "off",
                  "--speculative-ddtree-topk", "fused" if sp.fused_topk else "torch"]
+        if sp.budget_schedule is not None:  # budget above is the schedule's largest (config_model's rule)
+            args += ["--speculative-ddtree-budget-schedule", schedule.flag_value(sp.budget_schedule)]
     args += list(sv.extra_args)
     return args
 

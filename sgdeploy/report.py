@@ -21,8 +21,13 @@ Pure logic over variant rows (one per budget × top-k cap, as `sgdeploy.sweep` m
   next budget tested with that cap is the cliff): a longer prompt mix or a model update may tip it
   over. When no variant qualifies, nothing is recommended and the text says why.
 
+With batch sizes (``--batches``), each row's ``by_batch`` cells (tokens/s and accept length with that many
+requests in flight) give the **budget schedule** (``schedule_cells`` then ``sgdeploy.schedule.derive``): at each
+batch size, the qualifying budget with the most tokens/s, a smaller one within ``tie_tolerance`` winning the tie.
+
 Files (``write``): ``results.json`` (schema 1, see docs/sweep.md), ``results.md`` (a table, the
-cliff and the recommendation) and ``sweep.png`` (accept length and tokens/s against budget, one
+cliff and the recommendation; with batches, the per-bucket table and the schedule), the schedule's config
+(``<base>-sched.yml``, with batches) and ``sweep.png`` (accept length and tokens/s against budget, one
 line per cap, the cliff and the best marked; matplotlib with the Agg backend, imported only here).
 """
 
@@ -34,6 +39,8 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from sgdeploy import schedule
 
 SCHEMA = 1
 DEFAULT_CLIFF_DROP = 0.25
@@ -252,9 +259,34 @@ def exactness_verdict(row: dict) -> str | None:
     return e.get("verdict") if isinstance(e, dict) else None
 
 
+def schedule_cells(variants: list[dict]) -> list[dict]:
+    """The (budget, batch) cells of the rows' ``by_batch`` measurements for ``schedule.derive``: a cell qualifies
+    when its variant does (``qualifies``: not leaking, the deploy's gates pass) and every request of its bench
+    completed."""
+    out = []
+    for row in variants:
+        for cell in row.get("by_batch") or []:
+            ok = qualifies(row) and cell.get("status") == "ok" and not cell.get("failures")
+            out.append({"budget": row["budget"], "topk_cap": row["topk_cap"], "batch": cell["batch"],
+                        "tokens_per_s": cell.get("tokens_per_s"), "accept_length_mean": cell.get("accept_length_mean"),
+                        "qualifies": ok})
+    return out
+
+
+def budget_schedule(variants: list[dict], tie_tolerance: float = DEFAULT_TIE_TOLERANCE) -> dict[str, Any] | None:
+    """``results.json``'s ``budget_schedule``: the derived schedule with its buckets (``schedule.derive``), the
+    schedule as JSON lists; None when no batch size has a qualifying budget."""
+    derived = schedule.derive(schedule_cells(variants), check_tie_tolerance(tie_tolerance))
+    if derived is None:
+        return None
+    derived["schedule"] = [list(e) for e in derived["schedule"]]
+    return derived
+
+
 def build_results(*, config: str, host: str, started: str, finished: str, variants: list[dict],
                   cliff_drop: float = DEFAULT_CLIFF_DROP, tie_tolerance: float = DEFAULT_TIE_TOLERANCE,
-                  restored: str | None = None, **extra: Any) -> dict[str, Any]:
+                  restored: str | None = None, batches: list[int] | None = None,
+                  **extra: Any) -> dict[str, Any]:
     """The ``results.json`` object (schema 1)."""
     for row in variants:
         missing = [k for k in VARIANT_KEYS if k not in row]
@@ -275,6 +307,9 @@ def build_results(*, config: str, host: str, started: str, finished: str, varian
         "recommendation": text, "warning": warning, "restored": restored,
         "cliff_drop": cliff_drop, "tie_tolerance": tie_tolerance, "cliffs": cliffs,
     }
+    if batches:
+        results["batches"] = list(batches)
+        results["budget_schedule"] = budget_schedule(variants, tie_tolerance)
     results.update(extra)
     return results
 
@@ -338,9 +373,66 @@ def markdown(results: dict) -> str:
     lines += ["", f"**Recommendation**: {results['recommendation']}"]
     if results.get("warning"):
         lines += ["", f"**Warning**: {results['warning']}"]
+    if results.get("batches"):
+        lines += ["", *schedule_markdown(results)]
     restored = results.get("restored")
     lines += ["", f"After the sweep: {'restored ' + restored if restored else 'no earlier config to restore'}.", ""]
     return "\n".join(lines)
+
+
+def schedule_markdown(results: dict) -> list[str]:
+    """The batch dimension of ``results.md``: tokens/s and accept length per budget and batch size (the chosen
+    budget in bold, the ones that do not qualify marked), the buckets, the schedule and its config."""
+    batches = results["batches"]
+    sched = results.get("budget_schedule")
+    chosen = {b["batch"]: b["budget"] for b in (sched or {}).get("buckets", [])}
+    lines = ["## Budget schedule", "",
+             f"Each budget benchmarked with B requests in flight ({results.get('batch_waves') or 2} x B requests of "
+             f"{(results.get('bench') or {}).get('max_new_tokens', '?')} tokens); tokens/s (accept length). Bold: the "
+             f"budget chosen at that batch size (the most tokens/s; a smaller budget within "
+             f"{results.get('tie_tolerance', DEFAULT_TIE_TOLERANCE) * 100:g}% wins the tie). A variant that leaks or "
+             "fails a gate, or a bench with failed requests, is never chosen (marked *).", "",
+             "| budget | top-k cap | " + " | ".join(f"batch {n}" for n in batches) + " |",
+             "| ---: | ---: | " + " | ".join("---:" for _ in batches) + " |"]
+    for r in results["variants"]:
+        cells = {c["batch"]: c for c in r.get("by_batch") or []}
+        out = []
+        for n in batches:
+            c = cells.get(n)
+            if c is None or c.get("status") != "ok":
+                out.append("-" if c is None else "failed")
+                continue
+            text = f"{_num(c['tokens_per_s'])} ({_num(c['accept_length_mean'], 2)})"
+            if not qualifies(r) or c.get("failures"):
+                text += " *"
+            elif chosen.get(n) == r["budget"]:
+                text = f"**{text}**"
+            out.append(text)
+        lines.append(f"| {r['budget']} | {r['topk_cap']} | " + " | ".join(out) + " |")
+    lines.append("")
+    if sched is None:
+        lines.append("**Schedule**: none: no budget qualifies at any batch size measured.")
+        return lines
+    lines += ["| bucket (running requests) | budget | tokens/s | accept length | tied with |",
+              "| --- | ---: | ---: | ---: | --- |"]
+    buckets = sched["buckets"]
+    for i, b in enumerate(buckets):
+        low = 1 if i == 0 else b["batch"]
+        high = f"{buckets[i + 1]['batch'] - 1}" if i + 1 < len(buckets) else "up"
+        span = f"{low} to {high}" if high != str(low) else f"{low}"
+        tied = ", ".join(f"budget {t}" for t in b["tied_with"]) or "-"
+        if b.get("note"):
+            tied += f" ({b['note']})"
+        lines.append(f"| {span} (measured at {b['batch']}) | {b['budget'] if b['budget'] is not None else '-'} | "
+                     f"{_num(b['tokens_per_s'])} | {_num(b['accept_length_mean'], 2)} | {tied} |")
+    lines += ["", f"**Schedule**: `{sched['flag']}` (server flag `--speculative-ddtree-budget-schedule "
+                  f"\"{sched['flag']}\"`; one entry where the best budget changes).", ""]
+    if sched.get("config_yaml"):
+        state = ("ready to use" if not sched.get("config_problems")
+                 else "NOT valid as it stands: " + "; ".join(sched["config_problems"]))
+        lines += [f"Config (`{sched['config_file']}` beside this report, {state}):", "", "```yaml",
+                  sched["config_yaml"].rstrip("\n"), "```"]
+    return lines
 
 
 def _boxes_overlap(a, b, pad: float) -> bool:
@@ -465,5 +557,9 @@ def write(results: dict, out_dir: Path) -> dict[str, Path]:
     paths = {"json": out_dir / "results.json", "md": out_dir / "results.md", "png": out_dir / "sweep.png"}
     _write_text(paths["json"], json.dumps(results, indent=2) + "\n")
     _write_text(paths["md"], markdown(results))
+    sched = results.get("budget_schedule")
+    if sched and sched.get("config_yaml") and sched.get("config_file"):
+        paths["schedule_config"] = out_dir / sched["config_file"]
+        _write_text(paths["schedule_config"], sched["config_yaml"])
     plot(results, paths["png"])
     return paths

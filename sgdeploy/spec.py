@@ -66,6 +66,7 @@ class Speculative:
     state_forking: bool = False
     fused_topk: bool = False
     reproduce_state_leak: bool = False
+    budget_schedule: tuple[tuple[int, int], ...] | None = None  # ((min_batch, budget), ...): sgdeploy.schedule
 
 
 @dataclass(frozen=True)
@@ -321,6 +322,8 @@ def validate(merged: dict[str, Any], source: Path, name: str) -> Config:
 
     sv = v.checked_serving.model_dump()
     spec = v.checked_speculative.model_dump()
+    if spec.get("budget_schedule") is not None:
+        spec["budget_schedule"] = tuple((e["min_batch"], e["budget"]) for e in spec["budget_schedule"])
     if v.description is None:  # its default is "" (null takes it); a wrong value is a ConfigError above
         raise AssertionError("config description not set after validation")
     return Config(
@@ -356,6 +359,8 @@ def to_yaml(config: Config) -> str:
     if s.algorithm == "DDTREE":
         spec.update(budget=s.budget, topk_cap=s.topk_cap, state_forking=s.state_forking,
                     fused_topk=s.fused_topk, reproduce_state_leak=s.reproduce_state_leak)
+        if s.budget_schedule is not None:
+            spec["budget_schedule"] = [{"min_batch": m, "budget": b} for m, b in s.budget_schedule]
     sv = config.serving
     out: dict[str, Any] = {
         "description": config.description,

@@ -2,7 +2,7 @@
 
     python -m sgdeploy.sweep --config BASE --budgets "8 15 16 32 64" [--topk-caps "4 8"]
         --inventory INV [--host HOST] [--out reports/sweeps] [--cliff-drop 0.25] [--tie-tolerance 0.03]
-        [--requests N] [--max-tokens M] [--bench-timeout S] [-e VARS ...] [--json]
+        [--requests N] [--max-tokens M] [--bench-timeout S] [--batches "1 4 8 16"] [-e VARS ...] [--json]
 
 One variant at a time on one host: a variant config ``build/sweeps/<id>/configs/<base>-b<B>-k<K>.yml``
 (``extends: <base>``), deployed by the normal playbook with ``sglang_deploy_gate_mode=smoke`` (each
@@ -15,6 +15,10 @@ Exit status: 0 the sweep completed and the host is restored; 1 a variant failed 
 measured (its row is marked failed), or the restore failed; 2 bad input (nothing was deployed);
 130 interrupted (after restoring). Report: ``<out>/<base>-<UTC timestamp>/`` with results.json,
 results.md and sweep.png (see docs/sweep.md).
+
+With ``--batches``, each variant is also benchmarked with that many requests in flight at each batch size, and
+the report holds the budget schedule (``sgdeploy.schedule.derive``) that maximises tokens/s per batch bucket,
+its per-bucket table, and a config that uses it (``<base>-sched.yml``).
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ from typing import Any
 import ansible_runner
 import yaml
 
-from sgdeploy import bench, gate, records, report, serving, spec, tunnel
+from sgdeploy import bench, gate, records, report, schedule, serving, spec, tunnel
 
 REPO_ROOT = spec.REPO_ROOT
 BUILD_DIR = REPO_ROOT / "build" / "sweeps"
@@ -49,6 +53,9 @@ HOST_GROUP = "gpu_hosts"
 # ansible-runner's private data dir (its artifacts: stdout, events) inside build/sweeps/<id>/, removed after each run
 RUNNER_DIR = "ansible-runner"
 ADHOC_TIMEOUT_S = 300
+# --batches: each batch size B is benchmarked with B requests in flight, B * BATCH_WAVES requests in all (all of
+# the same length, so each wave runs at B the whole time)
+BATCH_WAVES = 2
 
 
 class UsageError(ValueError):
@@ -153,6 +160,21 @@ def load_base(name_or_path: str) -> spec.Config:
             "benchmarks from the controller, and the engines' API key stays on the host); sweep a copy of it "
             "without serving.api_key_secret on a loopback address, then deploy the best budget with make deploy")
     return base
+
+
+def check_batches(batches: list[int], caps: list[int] | None, base: spec.Config, text: str) -> None:
+    """--batches: sizes of 1 or more, at most serving.max_running_requests, and one top-k cap (a schedule
+    varies the budget, not the cap). Raises UsageError."""
+    for n in batches:
+        if n < 1:
+            raise UsageError(f"--batches {text!r}: batch size {n} must be 1 or more")
+    most = base.serving.max_running_requests
+    if most is not None and max(batches) > most:
+        raise UsageError(f"--batches {text!r}: batch size {max(batches)} is above serving.max_running_requests "
+                         f"({most}) of {base.name}: the engine never runs that many at once")
+    if caps is not None and len(caps) > 1:
+        raise UsageError(f"--batches with --topk-caps {' '.join(map(str, caps))}: a budget schedule keeps one top-k "
+                         "cap; give one cap")
 
 
 def plan_variants(base: spec.Config, budgets: list[int], caps: list[int] | None,
@@ -490,6 +512,7 @@ class Sweep:
     bench_timeout: float
     json_out: bool = False
     extra_vars: list[str] = field(default_factory=list)
+    batches: list[int] = field(default_factory=list)
     rows: list[dict] = field(default_factory=list)
     deployed: list[Variant] = field(default_factory=list)
     signals: Signals | None = None
@@ -592,20 +615,47 @@ class Sweep:
         return gate.GateThresholds.from_mapping({**self.base.gates.as_mapping(), "bench_requests": self.requests,
                                                  "bench_max_tokens": self.max_tokens})
 
-    def measure(self, variant: Variant) -> gate.GateReport:
+    def measure(self, variant: Variant) -> tuple[gate.GateReport, list[dict]]:
         """The deploy's gates (``gate.run_all``: smoke, then one bench shared by throughput and acceptance)
         against the variant through an SSH tunnel; the bench is the sweep's measurement. Exactness needs the
-        host's references: its verdict is the one the variant's deploy recorded (``exactness_of``)."""
+        host's references: its verdict is the one the variant's deploy recorded (``exactness_of``). With
+        ``--batches`` (and a smoke gate that let a bench run), then one bench per batch size (``measure_batches``)."""
         folder = REPO_ROOT / "reports" / "deploys" / self.host
         baseline = records.last_good(folder, variant.name, self.host) if folder.is_dir() else None
+        cells: list[dict] = []
         with tunnel.forward(self.target, remote_port=self.base.serving.port, remote_host=self.bind) as url:
             result = gate.run_all(url, self.thresholds(), True, baseline, prompts=bench.load_prompts(),
                                   bench_timeout=self.bench_timeout)
+            if self.batches and result.bench is not None:
+                cells = self.measure_batches(url)
             drained = serving.wait_drained(url, timeout=self.base.serving.drain_timeout_s)
         if not drained.ok:
             self.say(f"    note: {variant.name} not drained after the bench ({drained.state}: {drained.detail}); "
                      "the next deploy drains it")
-        return result
+        return result, cells
+
+    def measure_batches(self, url: str) -> list[dict]:
+        """One bench per batch size B: B requests in flight (concurrency B), B * BATCH_WAVES requests of
+        ``max_tokens`` each. A cell per size: accept length, tokens/s, step time, or why it failed."""
+        cells = []
+        prompts = bench.load_prompts()
+        for n in self.batches:
+            try:
+                b = bench.run(url, prompts, n * BATCH_WAVES, n, self.max_tokens, self.bench_timeout).to_dict()
+            except Exception as exc:  # the bench's own error, or the tunnel's: this cell is not measured
+                cell = {"batch": n, "accept_length_mean": None, "tokens_per_s": None, "step_time_ms": None,
+                        "requests": n * BATCH_WAVES, "failures": n * BATCH_WAVES, "status": "failed",
+                        "error": f"bench failed: {exc}"}
+            else:
+                ok = b["completed"] > 0 and b["accept_length_mean"] is not None
+                cell = {"batch": n, "accept_length_mean": b["accept_length_mean"],
+                        "tokens_per_s": b["tokens_per_s"] if ok else None, "step_time_ms": b["step_time_ms_mean"],
+                        "requests": b["requests"], "failures": b["failed"], "status": "ok" if ok else "failed",
+                        "error": None if ok else (b["errors"][0]["message"] if b["errors"] else
+                                                  "no completed request reported speculative metrics")}
+            cells.append(cell)
+            self.say(f"    batch {n}: {progress_cell(cell)}")
+        return cells
 
     def record_paths(self) -> set[str]:
         """The deploy records fetched to reports/deploys/<host>/ so far (to tell a deploy's own record)."""
@@ -663,6 +713,34 @@ class Sweep:
             status="ok" if ok else "failed", error=error, config=variant.name, deploy_s=deploy_s,
             completed=b["completed"], bench_wall_s=b["wall_s"], bench_errors=b["errors"][:3],
             reproduce_state_leak=variant.reproduce_state_leak)
+
+    # ---- the budget schedule's config
+    def schedule_config(self, derived: dict) -> dict:
+        """A config that extends the base with the derived schedule (``config_file``: ``<base>-sched.yml`` in the
+        report, ``config_yaml``: its text), validated as a deploy would (``config_problems``: empty when it is
+        ready to use). Its top-k cap is the base's, lowered to the smallest scheduled budget where larger."""
+        entries = [tuple(e) for e in derived["schedule"]]
+        smallest = min(b for _, b in entries)
+        speculative: dict[str, Any] = {"budget": max(b for _, b in entries),
+                                       "budget_schedule": schedule.as_entries(tuple(entries))}
+        cap = self.base.speculative.topk_cap
+        if cap is not None and cap > smallest:
+            speculative["topk_cap"] = smallest
+        if self.base.speculative.reproduce_state_leak:
+            speculative["reproduce_state_leak"] = False  # only qualifying (non-leaking) budgets are scheduled
+        data = {"extends": self.base.name,
+                "description": f"{self.base.name} with the budget schedule {derived['flag']} (sweep {self.sweep_id})",
+                "speculative": speculative}
+        text = (f"# Budget schedule derived by sweep {self.sweep_id} on {self.host} (docs/sweep.md)"
+                + (" -- SIMULATED engine: plumbing, not SGLang's behaviour" if self.simulated else "") + "\n"
+                + yaml.safe_dump(data, sort_keys=False, default_flow_style=None))
+        try:
+            spec.validate(spec.deep_merge(copy.deepcopy(self.base.merged), data), self.base.source,
+                          f"{self.base.name}-sched")
+            problems: list[str] = []
+        except spec.ConfigError as err:
+            problems = err.problems
+        return {"config_file": f"{self.base.name}-sched.yml", "config_yaml": text, "config_problems": problems}
 
     # ---- restore
     def restore(self, before: list[str], protect: Signals) -> dict:
@@ -748,7 +826,7 @@ class Sweep:
                              f"(log: {result.log})")
                 else:
                     try:
-                        b = self.measure(v)
+                        b, cells = self.measure(v)
                     except Exception as exc:  # tunnel, bench or anything else: this variant is not measured
                         self.rows.append(report.variant_row(v.budget, v.topk_cap, status="failed",
                                                             error=f"bench failed: {exc}", config=v.name,
@@ -757,6 +835,8 @@ class Sweep:
                         self.say(f"{label}: FAILED to measure: {exc}")
                     else:
                         row = self.row_from_gates(v, b, result.seconds, self.exactness_of(v, seen))
+                        if self.batches:
+                            row["by_batch"] = cells
                         self.rows.append(row)
                         self.say(f"{label}: {progress(row)}")
                 if protect.received:
@@ -779,7 +859,10 @@ class Sweep:
             restore=restore, interrupted=interrupted, error=crashed, sweep_id=self.sweep_id,
             simulated=self.simulated,
             bench={"requests": self.requests, "concurrency": self.concurrency, "max_new_tokens": self.max_tokens,
-                   "prompts_digest": bench.prompts_digest(bench.load_prompts())})
+                   "prompts_digest": bench.prompts_digest(bench.load_prompts())},
+            batches=self.batches or None, batch_waves=BATCH_WAVES if self.batches else None)
+        if results.get("budget_schedule"):
+            results["budget_schedule"].update(self.schedule_config(results["budget_schedule"]))
         paths = report.write(results, self.report_dir)
         self.say(summary(results, paths))
         if not restore["ok"]:
@@ -787,7 +870,8 @@ class Sweep:
             return 1, results
         if interrupted:
             return 130, results
-        if crashed or any(r["status"] != "ok" for r in self.rows):
+        if crashed or any(r["status"] != "ok" for r in self.rows) or any(
+                c["status"] != "ok" for r in self.rows for c in r.get("by_batch") or []):
             return 1, results
         if results["best"] is None:
             return 3, results  # measured, but no variant qualifies (the recommendation says why)
@@ -821,6 +905,14 @@ def progress(row: dict) -> str:
             f"{row['requests'] - row['failures']}/{row['requests']} requests{gates}{leak}")
 
 
+def progress_cell(cell: dict) -> str:
+    if cell["status"] != "ok":
+        return f"FAILED: {cell['error']}"
+    done = cell["requests"] - cell["failures"]
+    return (f"accept {cell['accept_length_mean']:.1f}, {cell['tokens_per_s']:.1f} tok/s, "
+            f"step {cell['step_time_ms'] or 0:.0f} ms, {done}/{cell['requests']} requests")
+
+
 def summary(results: dict, paths: dict[str, Path]) -> str:
     lines = []
     cliff = results["cliff"]
@@ -831,6 +923,14 @@ def summary(results: dict, paths: dict[str, Path]) -> str:
         lines.append(f"note: {report.SIMULATED_NOTE}")
     if results["warning"]:
         lines.append(f"warning: {results['warning']}")
+    if results.get("batches"):
+        sched = results.get("budget_schedule")
+        if sched is None:
+            lines.append("budget schedule: none (no budget qualifies at any batch size measured)")
+        else:
+            where = paths.get("schedule_config")
+            lines.append(f"budget schedule: {sched['flag']} (config: {where})"
+                         + (f"; NOT ready: {'; '.join(sched['config_problems'])}" if sched["config_problems"] else ""))
     r = results["restore"]
     lines.append(f"host: {r['detail']}")
     lines.append(f"report: {paths['md']} ({paths['json'].name}, {paths['png'].name})")
@@ -873,6 +973,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="tokens per bench request (default: gates.bench_max_tokens)")
     p.add_argument("--bench-timeout", type=serving._positive(float), default=600.0,
                    help="seconds for one variant's bench (default 600)")
+    p.add_argument("--batches", help='batch sizes, e.g. "1 4 8 16": bench each variant with that many requests in '
+                                     "flight and derive a budget schedule (default: none)")
     p.add_argument("-e", "--extra-vars", action="append", default=[], metavar="VARS",
                    help="passed to every ansible-playbook run (the variants' and the restore's), as its -e")
     p.add_argument("--json", action="store_true", help="print results.json on stdout (progress goes to stderr)")
@@ -884,6 +986,9 @@ def prepare(args: argparse.Namespace) -> Sweep:
     budgets = parse_numbers(args.budgets, "budget", "--budgets")
     caps = parse_numbers(args.topk_caps, "top-k cap", "--topk-caps") if args.topk_caps is not None else None
     base = load_base(args.config)
+    batches = parse_numbers(args.batches, "batch size", "--batches") if args.batches is not None else []
+    if batches:
+        check_batches(batches, caps, base, args.batches)
     inv = read_inventory(args.inventory)
     host, hostvars = pick_host(inv, args.inventory, args.host)
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
@@ -899,7 +1004,7 @@ def prepare(args: argparse.Namespace) -> Sweep:
                  tie_tolerance=args.tie_tolerance, requests=args.requests or g.bench_requests,
                  concurrency=g.bench_concurrency,
                  max_tokens=args.max_tokens or g.bench_max_tokens, bench_timeout=args.bench_timeout,
-                 json_out=args.json, extra_vars=list(args.extra_vars))
+                 json_out=args.json, extra_vars=list(args.extra_vars), batches=sorted(batches))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -30,7 +30,7 @@ import sys
 import threading
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -256,6 +256,7 @@ def build_parser(has_ddtree: bool) -> Parser:
         p.add_argument("--speculative-ddtree-topk-cap", type=int, default=None)
         p.add_argument("--speculative-ddtree-state-forking", choices=("on", "off"), default=None)
         p.add_argument("--speculative-ddtree-topk", choices=("fused", "torch"), default=None)
+        p.add_argument("--speculative-ddtree-budget-schedule", default=None)  # "1:64,4:32,8:15" (issue 38)
     p.add_argument("--attention-backend")
     p.add_argument("--mem-fraction-static", type=float)
     p.add_argument("--context-length", type=int)
@@ -270,6 +271,27 @@ def build_parser(has_ddtree: bool) -> Parser:
 def _check_range(parser: Parser, flag: str, value, lo, hi) -> None:
     if value is not None and not (lo <= value <= hi):
         parser.error(f"argument {flag}: invalid value {value}: must be between {lo} and {hi}")
+
+
+def budget_schedule(parser: Parser, args: argparse.Namespace) -> tuple[tuple[int, int], ...] | None:
+    """--speculative-ddtree-budget-schedule "1:64,4:32,8:15" as the patched server takes it (issue 38):
+    min_batch:budget entries, min_batch ascending from 1, and --speculative-ddtree-budget their largest."""
+    text = args.speculative_ddtree_budget_schedule
+    if text is None:
+        return None
+    flag = "--speculative-ddtree-budget-schedule"
+    entries = []
+    for item in text.split(","):
+        m = re.fullmatch(r"\s*(\d+):(\d+)\s*", item)
+        if not m:
+            parser.error(f"argument {flag}: invalid value {text!r}: entry {item!r} is not min_batch:budget")
+        entries.append((int(m.group(1)), int(m.group(2))))
+    if entries[0][0] != 1 or any(b[0] <= a[0] for a, b in zip(entries, entries[1:], strict=False)):
+        parser.error(f"argument {flag}: invalid value {text!r}: min_batch must start at 1 and increase")
+    if max(b for _, b in entries) != args.speculative_ddtree_budget:
+        parser.error(f"argument {flag}: invalid value {text!r}: --speculative-ddtree-budget "
+                     f"({args.speculative_ddtree_budget}) must equal the largest scheduled budget")
+    return tuple(entries)
 
 
 def parse_args(argv: list[str], version: str | None, features: set[str]) -> argparse.Namespace:
@@ -302,6 +324,7 @@ def parse_args(argv: list[str], version: str | None, features: set[str]) -> argp
         args.speculative_ddtree_topk_cap = None
         args.speculative_ddtree_state_forking = None
         args.speculative_ddtree_topk = None
+        args.speculative_ddtree_budget_schedule = None
     _check_range(parser, "--speculative-ddtree-budget", args.speculative_ddtree_budget, 1, 4096)
     _check_range(parser, "--speculative-ddtree-topk-cap", args.speculative_ddtree_topk_cap, 1, 256)
     if algo != "NONE" and not args.speculative_draft_model_path:
@@ -313,6 +336,7 @@ def parse_args(argv: list[str], version: str | None, features: set[str]) -> argp
             args.speculative_ddtree_budget = 15
         if args.speculative_ddtree_topk_cap is None:
             args.speculative_ddtree_topk_cap = DEFAULT_TOPK_CAP
+        args.speculative_ddtree_budget_schedule = budget_schedule(parser, args)
     if not args.served_model_name:
         args.served_model_name = args.model_path
     return args
@@ -658,8 +682,11 @@ class PrefixCache:
 class Engine:
     LOG_INTERVAL = 40  # decode steps between "Decode batch" lines, as SGLang's decode_log_interval
 
-    def __init__(self, cfg: SpecConfig, accept_mean: float, slowdown: float, seed: int):
+    def __init__(self, cfg: SpecConfig, accept_mean: float, slowdown: float, seed: int,
+                 schedule: tuple[tuple[int, int], ...] | None = None):
         self.cfg = cfg
+        self.schedule = schedule  # ((min_batch, budget), ...): the budget per running batch size (issue 38)
+        self.step_budget = cfg.budget
         self.accept_mean = accept_mean
         self.slowdown = slowdown
         self.seed = seed
@@ -725,9 +752,9 @@ class Engine:
                         self._win_tokens += 1
                     self._retire(new)
                 continue
-            cap = self.cfg.cap
-            draws = [draw_accept(r.rng, self.accept_mean, cap) for r in batch]
-            self._sleep(step_ms(self.cfg, sum(draws) / len(draws), len(batch)))
+            cfg, mean = self.step_config(len(batch))
+            draws = [draw_accept(r.rng, mean, cfg.cap) for r in batch]
+            self._sleep(step_ms(cfg, sum(draws) / len(draws), len(batch)))
             with self.cv:
                 for r, k in zip(batch, draws, strict=True):
                     k = min(k, r.remaining)
@@ -747,6 +774,18 @@ class Engine:
                 if self._win_steps >= self.LOG_INTERVAL or not self.reqs:
                     self._close_window(len(batch))
 
+    def step_config(self, running: int) -> tuple[SpecConfig, float]:
+        """The step's config and mean accept length: with a budget schedule, the budget of the last entry with
+        min_batch <= running, its acceptance the model's at that budget (scaled as an override or collapse
+        scales the configured budget's)."""
+        if self.schedule is None:
+            return self.cfg, self.accept_mean
+        budget = next(b for m, b in reversed(self.schedule) if m <= running)
+        self.step_budget = budget
+        cfg = replace(self.cfg, budget=budget)
+        mean = self.accept_mean * mean_accept(cfg) / mean_accept(self.cfg)
+        return cfg, max(1.0, min(mean, float(cfg.cap)))
+
     def _retire(self, batch: list[Request]) -> None:
         for r in batch:
             if r.remaining <= 0:
@@ -765,6 +804,8 @@ class Engine:
                f"gen throughput (token/s): {self.gen_throughput:.2f}, #queue-req: 0")
         if self.cfg.algorithm != "NONE":
             msg += f", accept len: {self.spec_accept_length:.2f}"
+        if self.schedule is not None:
+            msg += f", ddtree budget: {self.step_budget}"
         log(msg)
         self._win_tokens = self._win_accept = self._win_verify = self._win_steps = 0
         self._win_start = now
@@ -1389,7 +1430,7 @@ def main(argv: list[str] | None = None) -> int:
     accept = mean_accept(cfg)
     if accept_override is not None:
         accept = min(accept_override, float(cfg.cap))
-    engine = Engine(cfg, accept, slowdown, seed)
+    engine = Engine(cfg, accept, slowdown, seed, getattr(args, "speculative_ddtree_budget_schedule", None))
     collapse = None if collapse_after is None else (collapse_after, collapse_accept)
     sim = Sim(args, version, features, hybrid, hybrid_source, crash_after, accept_override, engine, collapse)
     Handler.sim = sim
@@ -1408,6 +1449,9 @@ def main(argv: list[str] | None = None) -> int:
     log(f"simulated acceptance: mean {accept:.3f} tokens/step (cap {cfg.cap})"
         + (f", overridden by SGLANG_SIM_ACCEPT_OVERRIDE={accept_override}" if accept_override else "")
         + f"; step {step_ms(cfg, accept) * slowdown:.1f} ms at batch 1")
+    if engine.schedule is not None:
+        log("DDTree budget schedule: " + ", ".join(f"{b} from {m} running" for m, b in engine.schedule)
+            + " (each step's acceptance and step time at its budget)")
 
     threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True).start()
     log(f"Listening on http://{args.host}:{args.port} (health answers 503 until the model is loaded)")

@@ -17,9 +17,10 @@ REPO = Path(__file__).resolve().parents[3]
 pytestmark = pytest.mark.skipif(not (REPO / ".venv" / ".installed").exists(), reason="needs `make setup`")
 # What the user sets on the make command line (the Makefile's USER_VARS, and INV made from them).
 USER_VARS = ("CONFIG", "INVENTORY", "LIMIT", "SERIAL", "LAB_HOSTS", "LAB_INVENTORY", "BUDGETS", "TOPK_CAPS",
-             "CLIFF_DROP", "TIE_TOLERANCE", "HOST", "PATCHES", "REPLACES", "INV")
+             "CLIFF_DROP", "TIE_TOLERANCE", "BATCHES", "HOST", "PATCHES", "REPLACES", "INV")
 # What `make help` must explain, one line each: the user variables and the lab's settings (tests/lab/README.md).
 HELP_VARS = ("CONFIG", "INVENTORY", "LIMIT", "SERIAL", "HOST", "BUDGETS", "TOPK_CAPS", "CLIFF_DROP", "TIE_TOLERANCE",
+             "BATCHES",
              "PATCHES", "PATCH", "REPLACES", "LAB_HOSTS", "LAB_NET", "LAB_DIR", "LAB_INVENTORY", "LAB_GPU_COUNTS",
              "LAB_CACHE")
 # Every target that runs plays (or testinfra, or the controller's gate/sweep) on the hosts.
@@ -105,11 +106,11 @@ HOSTS = ["sgdeploy", "hosts", "-q"]  # the check that the plays have hosts, firs
 
 def test_sweep_passes_its_tuning_variables_on(recorded):
     proc, calls = recorded("sweep", "CONFIG=ddtree-b15", "INVENTORY=inventory/example.yml", "BUDGETS=15 32",
-                           "CLIFF_DROP=0.2", "TIE_TOLERANCE=0.05")
+                           "CLIFF_DROP=0.2", "TIE_TOLERANCE=0.05", "BATCHES=1 4 8")
     assert proc.returncode == 0, proc.stderr
     assert calls == [HOSTS + ["--inventory", "inventory/example.yml"],
                      ["sgdeploy", "sweep", "--config", "ddtree-b15", "--inventory", "inventory/example.yml",
-                      "--budgets", "15 32", "--cliff-drop", "0.2", "--tie-tolerance", "0.05"]]
+                      "--budgets", "15 32", "--cliff-drop", "0.2", "--tie-tolerance", "0.05", "--batches", "1 4 8"]]
     proc, calls = recorded("sweep", "CONFIG=ddtree-b15", "INVENTORY=inventory/example.yml")
     assert calls[1:] == [["sgdeploy", "sweep", "--config", "ddtree-b15", "--inventory", "inventory/example.yml",
                           "--budgets", "8 15 16 32 64"]]

@@ -43,6 +43,7 @@ EXPECTED = {
     "ddtree-b64": COMMON + ddtree(64),
     "ddtree-b15-nofork": COMMON + ddtree(15, "off", "torch"),
     "ddtree-b64-nofork": COMMON + ddtree(64, "off", "torch"),
+    "ddtree-sched": COMMON + ddtree(64) + ["--speculative-ddtree-budget-schedule", "1:64,4:32,8:15"],
     "base-kimi-k2.6": ["--model-path", f"{MODELS}/moonshotai--Kimi-K2.6/main", "--tp-size", "8", "--host", "127.0.0.1",
                        "--port", "30000", "--nccl-port", "30001", "--attention-backend", "flashinfer",
                        "--mem-fraction-static", "0.88", "--enable-metrics",

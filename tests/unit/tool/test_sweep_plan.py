@@ -150,6 +150,10 @@ def test_a_bad_budget_fails_before_any_deploy(tmp_path, capsys, no_deploys, monk
      "argument --tie-tolerance: '0.5': must be a fraction from 0 up to below 0.5"),
     (["--budgets", "8", "--requests", "0"], "argument --requests: '0' must be greater than 0"),
     (["--budgets", "8", "--host", "db-1"], "--host db-1: not in group gpu_hosts of"),
+    (["--budgets", "8", "--batches", "1 0"], "--batches '1 0': batch size 0 must be 1 or more"),
+    (["--budgets", "8", "--batches", "1 x"], "--batches '1 x': 'x' is not a whole number"),
+    (["--budgets", "8", "--topk-caps", "4 8", "--batches", "1 4"],
+     "--batches with --topk-caps 4 8: a budget schedule keeps one top-k cap; give one cap"),
 ])
 def test_bad_arguments_name_the_option_and_value(tmp_path, capsys, no_deploys, monkeypatch, args, message):
     monkeypatch.setattr(sweep, "BUILD_DIR", tmp_path / "build")
@@ -258,10 +262,10 @@ class Fake:
         monkeypatch.setattr(sweep.Sweep, "cleanup_variants", cleanup)
 
 
-def start(tmp_path, monkeypatch, fake, budgets="8 15 32"):
+def start(tmp_path, monkeypatch, fake, budgets="8 15 32", *options, config="ddtree-b15-nofork"):
     fake.install(monkeypatch)
     monkeypatch.setattr(sweep, "BUILD_DIR", tmp_path / "build")
-    args = sweep.build_parser().parse_args(["--config", "ddtree-b15-nofork", "--budgets", budgets,
+    args = sweep.build_parser().parse_args(["--config", config, "--budgets", budgets, *options,
                                             "--inventory", str(inventory(tmp_path)), "--out", str(tmp_path / "r")])
     s = sweep.prepare(args)
     code, results = s.run()
@@ -441,3 +445,87 @@ def test_no_qualifying_variant_says_no_variant_recommended_and_exits_3(tmp_path,
     assert "recommendation: no variant recommended: no measured variant qualifies" in out
     assert fake.calls[-2:] == [("deploy", "ddtree-b15", "full"), ("cleanup", False)]  # still restored
     assert "no variant recommended" in (s.report_dir / "results.md").read_text()
+
+
+# --------------------------------------------------------------------------------------------------
+# Batches and the budget schedule (issue 38)
+
+
+def test_a_batch_above_max_running_requests_is_refused(tmp_path, capsys, no_deploys, monkeypatch):
+    monkeypatch.setattr(sweep, "BUILD_DIR", tmp_path / "build")
+    base = tmp_path / "capped.yml"
+    base.write_text("extends: ddtree-b15\nserving: {max_running_requests: 8}\n")
+    code, out, err = run_main(capsys, "--config", str(base), "--inventory", str(inventory(tmp_path)),
+                              "--budgets", "15 32", "--batches", "1 4 16")
+    assert code == 2 and no_deploys == []
+    assert err.strip() == ("python -m sgdeploy.sweep: --batches '1 4 16': batch size 16 is above "
+                           "serving.max_running_requests (8) of capped: the engine never runs that many at once")
+
+
+# tokens/s per (budget, batch): 64 best alone, 32 from 4 requests, 15 from 8; 8 never best
+TABLE = {8: {1: 100, 4: 300, 8: 500}, 15: {1: 150, 4: 400, 8: 700}, 32: {1: 170, 4: 420, 8: 650},
+         64: {1: 180, 4: 410, 8: 600}}
+
+
+def batch_bench(fake, table, calls):
+    def run(url, prompts, requests, concurrency, max_tokens, timeout):
+        calls.append((fake.deployed_budget, requests, concurrency, max_tokens))
+        return fake_bench(url, 14.0, table[fake.deployed_budget][concurrency])
+    return run
+
+
+def test_batches_bench_each_variant_in_flight_and_write_the_schedule_and_its_config(tmp_path, monkeypatch, capsys):
+    fake = Fake(curve=lambda b: (14.0, 170.0))
+    calls: list[tuple] = []
+    monkeypatch.setattr(bench, "run", batch_bench(fake, TABLE, calls))
+    code, results, s = start(tmp_path, monkeypatch, fake, "8 15 32 64", "--batches", "8 1 4", config="ddtree-b15")
+    assert code == 0, results.get("recommendation")
+    # every variant, each batch size ascending, B in flight and 2 x B requests of the bench's length
+    assert calls == [(b, 2 * n, n, 96) for b in (8, 15, 32, 64) for n in (1, 4, 8)]
+    assert results["batches"] == [1, 4, 8]
+    sched = results["budget_schedule"]
+    assert sched["flag"] == "1:64,4:32,8:15" and sched["schedule"] == [[1, 64], [4, 32], [8, 15]]
+    assert [(b["batch"], b["budget"]) for b in sched["buckets"]] == [(1, 64), (4, 32), (8, 15)]
+    assert sched["config_problems"] == []
+    written = s.report_dir / "ddtree-b15-sched.yml"
+    config = spec.load(written, spec.CONFIG_DIR)
+    assert config.speculative.budget_schedule == ((1, 64), (4, 32), (8, 15)) and config.speculative.budget == 64
+    assert config.speculative.topk_cap == 8
+    md = (s.report_dir / "results.md").read_text()
+    assert "## Budget schedule" in md and "| 15 | 8 | 150.0 (14.00) | 400.0 (14.00) | **700.0 (14.00)** |" in md
+    assert "**Schedule**: `1:64,4:32,8:15`" in md and "ready to use" in md
+    out = capsys.readouterr().out
+    assert "    batch 4: accept 14.0, 420.0 tok/s, step 85 ms, 4/4 requests" in out
+    assert f"budget schedule: 1:64,4:32,8:15 (config: {written})" in out
+    assert json.loads((s.report_dir / "results.json").read_text())["budget_schedule"]["flag"] == "1:64,4:32,8:15"
+
+
+def test_a_leaking_budget_is_never_scheduled_however_fast(tmp_path, monkeypatch):
+    """Without forking, budget 32 leaks (the sweep opts it into the leak to measure it): fastest at every batch
+    size in this table, never in the schedule."""
+    fake = Fake(curve=lambda b: (14.0, 170.0))
+    table = {8: {1: 100, 4: 300}, 15: {1: 150, 4: 400}, 32: {1: 900, 4: 2000}}
+    monkeypatch.setattr(bench, "run", batch_bench(fake, table, []))
+    code, results, _ = start(tmp_path, monkeypatch, fake, "8 15 32", "--batches", "1 4")
+    assert code == 0
+    assert results["budget_schedule"]["flag"] == "1:15"  # one budget best everywhere: one entry
+    assert [c["qualifies"] for c in results["budget_schedule"]["buckets"][0]["candidates"]] == [True, True, False]
+
+
+def test_a_failed_batch_bench_is_exit_1_and_never_chosen(tmp_path, monkeypatch):
+    fake = Fake(curve=lambda b: (14.0, 170.0))
+    good = batch_bench(fake, {15: {1: 150, 4: 400}, 32: {1: 170, 4: 420}}, [])
+
+    def run(url, prompts, requests, concurrency, max_tokens, timeout):
+        if fake.deployed_budget == 32 and concurrency == 4:
+            raise bench.BenchError("connection refused")
+        return good(url, prompts, requests, concurrency, max_tokens, timeout)
+
+    monkeypatch.setattr(bench, "run", run)
+    code, results, _ = start(tmp_path, monkeypatch, fake, "15 32", "--batches", "1 4", config="ddtree-b15")
+    assert code == 1
+    row = next(r for r in results["variants"] if r["budget"] == 32)
+    assert row["by_batch"][1] == {"batch": 4, "accept_length_mean": None, "tokens_per_s": None, "step_time_ms": None,
+                                  "requests": 8, "failures": 8, "status": "failed",
+                                  "error": "bench failed: connection refused"}
+    assert results["budget_schedule"]["flag"] == "1:32,4:15"
