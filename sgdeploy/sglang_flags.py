@@ -34,6 +34,7 @@ PATCHED_FLAGS = {
     "--speculative-ddtree-state-forking": "speculative_ddtree_state_forking",
     "--speculative-ddtree-topk": "speculative_ddtree_topk",
     "--speculative-ddtree-tree-conv": "speculative_ddtree_tree_conv",
+    "--speculative-ddtree-budget-schedule": "speculative_ddtree_budget_schedule",
 }
 
 # Run by the CPU venv's Python with the installed wheel on PYTHONPATH: SGLang's own parser, every

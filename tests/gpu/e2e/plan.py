@@ -68,6 +68,7 @@ class Server:
     fused_topk: bool | None = None  # None: the config's own speculative.fused_topk
     max_running: int = 8  # MAX_RUNNING: max_running_requests and the largest decode/verify graph batch
     env: tuple[tuple[str, str], ...] = ()  # added to the server's environment
+    budget_schedule: tuple[tuple[int, int], ...] = ()  # speculative.budget_schedule: (min_batch, budget) entries
 
 
 FULL = ("ddtree", "fork", "topk")
@@ -198,7 +199,7 @@ LEARNED_SET = BUDGET + JUDGE
 # schedule 1:64,4:32,8:15 (patch 0005); each timed alone at 1, 4, 8 and 16 in flight and over a load that moves
 # 1 -> 16 -> 1 (plan "batches"). The servers tagged "watch" read their own /metrics with the post-deploy watch's code
 # (module_utils/sglang_watch.py) around the greedy run, against the requests' own meta_info numbers.
-SCHEDULE_TEXT = "1:64,4:32,8:15"
+SCHEDULE_ENTRIES = ((1, 64), (4, 32), (8, 15))
 BATCHES = (1, 4, 8, 16)
 SCHEDULE = (
     Server("ar", "ar", variant=NORADIX, tags=("reference",), max_running=16),
@@ -207,11 +208,10 @@ SCHEDULE = (
       for b in (8, 15, 32, 64)),
     Server("nofork-b64-k8", "ddtree-b64-nofork", 64, 8, features=FULL, tags=("nofork",), fused_topk=True,
            max_running=16),
-    Server("sched-k8", "ddtree-b64", 64, 8, variant=("--speculative-ddtree-budget-schedule", SCHEDULE_TEXT),
-           tags=("watch", "schedule"), max_running=16),
-    Server("sched-k8-onegraph", "ddtree-b64", 64, 8,
-           variant=("--speculative-ddtree-budget-schedule", SCHEDULE_TEXT), tags=("schedule",), max_running=16,
-           env=(("SGLANG_DDTREE_SCHEDULE_GRAPHS", "0"),)),
+    Server("sched-k8", "ddtree-b64", 64, 8, budget_schedule=SCHEDULE_ENTRIES, tags=("watch", "schedule"),
+           max_running=16),
+    Server("sched-k8-onegraph", "ddtree-b64", 64, 8, budget_schedule=SCHEDULE_ENTRIES, tags=("schedule",),
+           max_running=16, env=(("SGLANG_DDTREE_SCHEDULE_GRAPHS", "0"),)),
 )
 # The sets that stay on the tiny random vocabulary-16 models, and why: the recorded runs of sessions 6-8 (core,
 # extra, final, gates, all) were made on them and their results in docs/ name them; tp2 needs vocabulary 16 at TP 2
@@ -252,8 +252,10 @@ def harness_args(max_running: int = MAX_RUNNING) -> list[str]:
 def _overrides(server: Server, config: spec.Config, port: int, models: str = MODELS) -> dict:
     extra = [*harness_args(server.max_running), *(SKIP_TOKENIZER if server.role == "experiment" else ()),
              *server.variant]
-    sp = None if server.fused_topk is None else {"fused_topk": server.fused_topk}
-    out = model_overrides(config, models, server.budget, server.topk_cap, sp)
+    sp = {} if server.fused_topk is None else {"fused_topk": server.fused_topk}
+    if server.budget_schedule:
+        sp["budget_schedule"] = [{"min_batch": m, "budget": b} for m, b in server.budget_schedule]
+    out = model_overrides(config, models, server.budget, server.topk_cap, sp or None)
     out["serving"] = {"port": port, "nccl_port": port + 1, "mem_fraction_static": MEM_FRACTION,
                       "max_running_requests": server.max_running, "extra_args": extra, "forking_memory_gib": None}
     if server.tp_size > 1:

@@ -120,11 +120,13 @@ def test_the_tp2_set_runs_ar_and_ddtree_b15_b64_over_both_gpus():
 
 def test_single_gpu_sets_keep_tp1_and_their_env():
     """Only the tp2 set sets tensor parallelism, CUDA_VISIBLE_DEVICES and NCCL_NVLS_ENABLE: the other sets'
-    servers are what they were (one GPU, the config's env)."""
+    servers are what they were (one GPU, the config's env, plus a server's own switch: the schedule set's
+    one-graph server)."""
     for name in set(plan.SETS) - {"tp2"}:
-        for s in plan.build(name)["servers"]:
+        for server, s in zip(plan.SETS[name], plan.build(name)["servers"], strict=True):
             assert s["tp_size"] == 1 and pairs(s["args"])["--tp-size"] == "1", (name, s["name"])
-            assert s["env"] == dict(spec.load(s["config"]).serving.env), (name, s["name"])
+            assert s["env"] == {**spec.load(s["config"]).serving.env, **dict(server.env)}, (name, s["name"])
+            assert "CUDA_VISIBLE_DEVICES" not in s["env"] and "NCCL_NVLS_ENABLE" not in s["env"]
 
 
 def test_learned_sets_load_the_trained_pair_and_tiny_sets_keep_the_random_models():

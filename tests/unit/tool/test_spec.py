@@ -371,7 +371,11 @@ def test_flag_resolution_follows_sglangs_parser():
     assert sglang_flags.resolve("--tensor-parallel-size=2") == ("--tensor-parallel-size", {"tp_size"})
     assert sglang_flags.resolve("--tp") == ("--tp", {"tp_size"})
     assert sglang_flags.resolve("--model") == ("--model", {"model_path"})
-    assert sglang_flags.resolve("--speculative-ddtree-b") == ("--speculative-ddtree-b", {"speculative_ddtree_budget"})
+    assert sglang_flags.resolve("--speculative-ddtree-topk-c") == ("--speculative-ddtree-topk-c",
+                                                                    {"speculative_ddtree_topk_cap"})
+    # an ambiguous prefix names every field it could be (patch 0005 added --speculative-ddtree-budget-schedule)
+    assert sglang_flags.resolve("--speculative-ddtree-b")[1] == {"speculative_ddtree_budget",
+                                                                "speculative_ddtree_budget_schedule"}
     assert "api_key" in sglang_flags.resolve("--api")[1]
     assert sglang_flags.resolve("--no-such-flag-at-all") == ("--no-such-flag-at-all", set())
 
