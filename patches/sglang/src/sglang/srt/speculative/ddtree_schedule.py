@@ -55,7 +55,7 @@ def parse(text: str) -> tuple[tuple[int, int], ...]:
         entries.append((min_batch, budget))
     if entries[0][0] != 1:
         raise ValueError(f"{FLAG} must start at min_batch 1 (every batch size needs a budget), got {raw!r}.")
-    for (a, _), (b, _) in zip(entries, entries[1:]):
+    for (a, _), (b, _) in zip(entries, entries[1:], strict=False):
         if b <= a:
             raise ValueError(f"{FLAG}: min_batch must rise strictly from entry to entry, got {raw!r}.")
     return tuple(entries)
