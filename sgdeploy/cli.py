@@ -123,7 +123,7 @@ def host_settings(config: spec.Config, args: argparse.Namespace) -> render.HostS
         models_root=getattr(args, "models_root", models.MODELS_ROOT),
         # An engine over several hosts (docs/multinode.md): rank 0 by default, joined at its own bind address.
         node_rank=getattr(args, "node_rank", 0),
-        dist_init_address=getattr(args, "dist_init_address", "") or args.bind_address or config.serving.host,
+        dist_init_address=getattr(args, "dist_init_address", "") or None,
     )
 
 
