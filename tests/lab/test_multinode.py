@@ -92,7 +92,7 @@ def test_a_first_start_runs_rank_0_on_lab1_and_rank_1_on_lab2(lab):
     assert "dist-init: joined rank 0" in lab.ssh("lab2", f"journalctl -u {unit(A)} --no-pager").stdout
     # The gates ran on rank 0 only; rank 1's record says where.
     assert newest_record(lab, "lab1", A)["gates"]
-    assert "gates: on rank 0, lab1" in newest_record(lab, "lab2", A)["summary_line"]
+    assert "gates: on rank 0, lab1" in newest_record(lab, "lab2", A)["message"]
     print(f"first start of two ranks: {time.monotonic() - started:.1f} s")
 
 
