@@ -135,7 +135,7 @@ def launch_args(config: Config, host: HostSettings, replica: Replica | None = No
                  "--speculative-ddtree-topk-cap", str(sp.topk_cap),
                  "--speculative-ddtree-state-forking", "on" if sp.state_forking else "off",
                  "--speculative-ddtree-topk", "fused" if sp.fused_topk else "torch"]
-    # Over several hosts: rank 0 joined at the bind address unless the deploy names the host's rank and rank 0's address.
+    # Over several hosts: rank 0, joined at the bind address, unless the deploy names the rank and rank 0's address.
     args += multinode.rank_args(sv.nnodes, sv.dist_init_port, 0 if host.node_rank is None else host.node_rank,
                                 host.dist_init_address or bind_address(config, host))
     args += list(sv.extra_args)

@@ -80,7 +80,7 @@ def test_a_first_start_runs_rank_0_on_lab1_and_rank_1_on_lab2(lab):
     proc = deploy(lab, A)
     out = output_of(proc)
     assert proc.returncode == 0, out[-4000:]
-    for host, rank in zip(HOSTS, ("0", "1")):
+    for host, rank in zip(HOSTS, ("0", "1"), strict=True):
         assert active_unit(lab, host, unit(A)) == "active"
         args = argv(lab, host, A)
         assert (flag(args, "--nnodes"), flag(args, "--node-rank")) == ("2", rank)

@@ -18,7 +18,7 @@ import signal
 import socket
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 Log = Callable[[str], None]
 
@@ -174,7 +174,7 @@ def follow(args, log: Log) -> int:
     while not stop.is_set():
         try:
             chunk = conn.recv(64)
-        except socket.timeout:
+        except TimeoutError:
             continue
         except OSError:
             chunk = b""
