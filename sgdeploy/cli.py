@@ -121,6 +121,9 @@ def host_settings(config: spec.Config, args: argparse.Namespace) -> render.HostS
         service_user=getattr(args, "service_user", render.SERVICE_USER),
         env_dir=getattr(args, "env_dir", render.ENV_DIR),
         models_root=getattr(args, "models_root", models.MODELS_ROOT),
+        # An engine over several hosts (docs/multinode.md): rank 0 by default, joined at its own bind address.
+        node_rank=getattr(args, "node_rank", 0),
+        dist_init_address=getattr(args, "dist_init_address", "") or None,
     )
 
 
@@ -131,7 +134,7 @@ def cmd_render(args: argparse.Namespace) -> int:
     try:
         d = controller.describe(config, host, replica=args.replica, out_dir=Path(args.out) if args.out else None,
                               verify=not args.no_verify, secret_env=secrets)
-    except controller.ReplicaError as exc:
+    except ValueError as exc:  # ReplicaError, a rank outside serving.nnodes
         raise UsageError(str(exc)) from None
     except render.VerifyError as exc:
         print(exc, file=sys.stderr)
@@ -366,6 +369,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print a JSON description instead of paths")
     p.add_argument("--replica", type=int, default=None, help="only this replica (from 0) of a config with the router; "
                    "--json then describes it as its own deploy, <config>-r<i>")
+    p.add_argument("--node-rank", type=int, default=0, help="with serving.nnodes > 1: this host's rank (default 0; "
+                   "docs/multinode.md)")
+    p.add_argument("--dist-init-address", default="", help="with serving.nnodes > 1: rank 0's address the other "
+                   "ranks join (default: the bind address)")
     p.set_defaults(func=cmd_render)
 
     def host_args(p: argparse.ArgumentParser) -> None:

@@ -39,7 +39,7 @@ from pydantic import (
     model_validator,
 )
 
-from sgdeploy import gate_schema
+from sgdeploy import gate_schema, multinode
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -81,6 +81,8 @@ SPEC_FIELDS_BY_ALGORITHM = {
 MANAGED_DESTS = {
     "model_path": "set from model.*", "tp_size": "set from serving.tp_size", "host": "set from serving.host",
     "port": "set from serving.port", "nccl_port": "set from serving.nccl_port",
+    "nnodes": "set from serving.nnodes", "node_rank": "set per host from the engine's hosts (docs/multinode.md)",
+    "dist_init_addr": "set from serving.dist_init_port and rank 0's address (docs/multinode.md)",
     "attention_backend": "set from serving.attention_backend",
     "mem_fraction_static": "set from serving.mem_fraction_static",
     "max_running_requests": "set from serving.max_running_requests",
@@ -125,6 +127,7 @@ MANAGED_ENV_PREFIXES = {
 # holds 255 bytes, and tools write temporary files beside the unit whose names add about 20 (Ansible's
 # .ansible_tmp prefix and random part). Names longer than this would validate and fail at the deploy.
 MAX_NAME = 200
+MAX_NODES = multinode.MAX_NODES  # hosts one engine may span (serving.nnodes; docs/multinode.md)
 # Names another unit of the project takes: the router's (sglang-router-<port>.service, a config named
 # router-<port> would write over it) and a replica's (sglang-<config>-r<i>.service, env file and state
 # folder <config>-r<i>).
@@ -549,6 +552,9 @@ class ServingSection(_Section):
     router: Bool = Field(None, description="default: true with more than one replica")
     api_key_secret: Str = Field(None, description="the key of the inventory's sglang_secret_env holding the "
                                                   "engines' API key; required when host is not loopback")
+    nnodes: Int = Field(1, description=f"hosts one engine spans, 1 to {MAX_NODES} (docs/multinode.md)")
+    dist_init_port: Int = Field(None, description="rank 0's port the other ranks join on; default serving.port + 2; "
+                                                  "only with nnodes > 1")
 
     def check_replicas(self, p: Problems) -> tuple[int, bool]:
         """serving.replicas and serving.router → (replicas, router); a bad value counts as one replica."""
@@ -578,7 +584,10 @@ class ServingSection(_Section):
                 p.bad("serving.gpus", gpus, "GPU indices are 0 or more")
             if len(set(gpus)) != len(gpus):
                 p.bad("serving.gpus", gpus, "each GPU index may appear only once")
-            if isinstance(tp, int) and replicas == 1 and len(gpus) != tp:
+            nodes = self.nnodes if isinstance(self.nnodes, int) and self.nnodes > 1 else 1
+            if isinstance(tp, int) and nodes > 1:
+                pass  # one engine over several hosts: sgdeploy.multinode checks the GPUs per host
+            elif isinstance(tp, int) and replicas == 1 and len(gpus) != tp:
                 p.bad("serving.gpus", gpus, f"must list exactly serving.tp_size ({tp}) GPUs")
             elif isinstance(tp, int) and replicas > 1 and len(gpus) != tp * replicas:
                 p.bad("serving.gpus", gpus, f"must list serving.replicas x serving.tp_size ({replicas} x {tp} = "
@@ -844,6 +853,7 @@ class ConfigModel(_Section):
         serving.check_gpus(p, replicas)
         serving.check_ports(p, replicas, router)
         serving.replicas, serving.router = replicas, router
+        multinode.check(serving, p)
         serving.check_numbers(p)
         serving.check_extra_args(p)
         serving.check_env(p)

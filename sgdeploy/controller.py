@@ -89,6 +89,8 @@ def describe(config: spec.Config, host: render.HostSettings, *, replica: int | N
         "bind_address": render.bind_address(config, host), "features": list(config.patch_features),
         "url": service_url(config, host, r.port if one else None),
         "speculative": config.speculative_enabled,
+        # One engine over several hosts (docs/multinode.md): rank 0 alone serves HTTP, health and gates.
+        "nnodes": config.serving.nnodes, "node_rank": (host.node_rank or 0) if config.serving.nnodes > 1 else 0,
         "gates": config.gates.as_mapping(), "watch": config.watch.resolved(config.gates),
         "start_timeout_s": config.serving.start_timeout_s,
         "stop_timeout_s": config.serving.stop_timeout_s,

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import jinja2
 
-from sgdeploy import models, schedule
+from sgdeploy import models, multinode, schedule
 from sgdeploy.spec import Config, ConfigError, Drafter, Model, Replica, controller_folder, is_loopback
 
 TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "templates" / "systemd"
@@ -50,6 +50,9 @@ class HostSettings:
     service_user: str = SERVICE_USER
     env_dir: str = ENV_DIR
     models_root: str = models.MODELS_ROOT  # hf and controller models live under it (role sglang_models' root)
+    # With serving.nnodes > 1 (docs/multinode.md): this host's place among the engine's hosts and rank 0's address.
+    node_rank: int | None = None
+    dist_init_address: str | None = None
 
 
 @dataclass(frozen=True)
@@ -134,6 +137,9 @@ def launch_args(config: Config, host: HostSettings, replica: Replica | None = No
                  "--speculative-ddtree-topk", "fused" if sp.fused_topk else "torch"]
         if sp.budget_schedule is not None:  # budget above is the schedule's largest (config_model's rule)
             args += ["--speculative-ddtree-budget-schedule", schedule.flag_value(sp.budget_schedule)]
+    # Over several hosts: rank 0, joined at the bind address, unless the deploy names the rank and rank 0's address.
+    args += multinode.rank_args(sv.nnodes, sv.dist_init_port, 0 if host.node_rank is None else host.node_rank,
+                                host.dist_init_address or bind_address(config, host))
     args += list(sv.extra_args)
     return args
 

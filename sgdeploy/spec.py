@@ -88,6 +88,8 @@ class Serving:
     replicas: int = 1
     router: bool = False
     api_key_secret: str | None = None
+    nnodes: int = 1  # hosts one engine spans (docs/multinode.md)
+    dist_init_port: int | None = None  # rank 0's port the other ranks join on (nnodes > 1)
 
 
 @dataclass(frozen=True)
@@ -214,8 +216,9 @@ class Config:
         """Every port the config holds on its host: the router's two (serving.port and its metrics) and
         each engine's two."""
         metrics = self.router_metrics_port
-        if metrics is None:  # no router
-            return (self.serving.port, self.serving.nccl_port)
+        if metrics is None:  # no router; an engine over several hosts also holds its dist-init port
+            extra = (self.serving.dist_init_port,) if self.serving.nnodes > 1 else ()
+            return (self.serving.port, self.serving.nccl_port, *extra)
         return (self.serving.port, *(p for r in self.replicas for p in (r.port, r.nccl_port)), metrics)
 
 
@@ -379,6 +382,8 @@ def to_yaml(config: Config) -> str:
     }
     if sv.api_key_secret is not None:
         out["serving"]["api_key_secret"] = sv.api_key_secret
+    if sv.nnodes > 1:
+        out["serving"].update(nnodes=sv.nnodes, dist_init_port=sv.dist_init_port)
     if sv.router:
         out["serving"].pop("nccl_port")
         out["serving"].update(replicas=sv.replicas, router=True)

@@ -34,6 +34,9 @@ from dataclasses import dataclass, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling sim_nodes, also when loaded by path
+import sim_nodes  # noqa: E402  (test equipment: one engine over several hosts)
+
 PROG = "sglang_sim"
 BASE_VERSION = "0.5.23"
 KNOWN_FEATURES = ("ddtree", "fork", "topk")
@@ -265,6 +268,10 @@ def build_parser(has_ddtree: bool) -> Parser:
     p.add_argument("--log-level", default="info")
     # SGLang's --api-key: every route but /health* and /metrics asks "Authorization: Bearer <key>"; never logged.
     p.add_argument("--api-key", default=None)
+    # One engine over several hosts (tests/sim/sim_nodes.py): rank 0 serves HTTP once every rank joined.
+    p.add_argument("--nnodes", type=int, default=1)
+    p.add_argument("--node-rank", type=int, default=0)
+    p.add_argument("--dist-init-addr", default=None)
     return p
 
 
@@ -313,6 +320,7 @@ def parse_args(argv: list[str], version: str | None, features: set[str]) -> argp
                      f"(choose from {', '.join(allowed)}{extra})")
     args.speculative_algorithm = algo
     _check_range(parser, "--port", args.port, 1, 65535)
+    sim_nodes.check_args(args, parser.error)
     _check_range(parser, "--tp-size", args.tp_size, 1, 64)
     _check_range(parser, "--speculative-dflash-block-size", args.speculative_dflash_block_size, 2, 64)
     _check_range(parser, "--context-length", args.context_length, 16, 10_000_000)
@@ -1402,6 +1410,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     version, features = release_features()
     args = parse_args(argv, version, features)
+    if args.node_rank > 0:  # a rank above 0 serves no HTTP: it joins rank 0 and holds its GPUs
+        return sim_nodes.follow(args, log)
+    leader = None
     try:
         startup_s = env_float("SGLANG_SIM_STARTUP_S", 2.0)
         fail_start = env_flag("SGLANG_SIM_FAIL_START")
@@ -1416,6 +1427,12 @@ def main(argv: list[str] | None = None) -> int:
         drain_timeout = env_float("SGLANG_SIM_DRAIN_TIMEOUT_S", 300.0)
         hybrid, hybrid_source = model_is_hybrid(args.model_path)
         server = make_server(args.host, args.port, Handler)
+        if args.nnodes > 1:
+            try:
+                leader = sim_nodes.Leader(args, log)
+            except OSError as exc:
+                server.server_close()
+                raise StartupError(str(exc)) from None
     except StartupError as exc:
         log(f"ERROR: {exc}")
         return 1
@@ -1470,6 +1487,10 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
 
+    if leader is not None and not leader.wait_joined(term_event):
+        log("Received SIGTERM while waiting for the other ranks; exiting")
+        leader.close()
+        return 0
     log(f"Load weight begin. (simulated load: {startup_s:g} s)")
     if term_event.wait(startup_s):
         log("Received SIGTERM during model load; exiting")
@@ -1502,10 +1523,14 @@ def main(argv: list[str] | None = None) -> int:
             break
         if time.monotonic() > deadline:
             log(f"WARNING: drain timeout ({drain_timeout:g} s) with {inflight} request(s) in flight; exiting")
+            if leader is not None:
+                leader.close()
             return 0
         time.sleep(0.05)
     log("All in-flight requests finished. Gracefully exiting.")
     server.close_listening()
+    if leader is not None:
+        leader.close()
     return 0
 
 

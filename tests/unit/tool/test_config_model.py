@@ -78,7 +78,10 @@ def _bases(model_folder: str) -> dict[str, dict[str, Any]]:
                         "serving": {"attention_backend": "flashinfer", "nccl_port": 40000},
                         "gates": {"min_accept_length": 2.5, "exactness_inconclusive": "warn"}},
     }
-    return {**_shipped(), **extra}
+    # The old validator predates serving.nnodes (issue 37): the configs over several hosts are
+    # tests/unit/tool/test_multinode.py's.
+    shipped = {k: v for k, v in _shipped().items() if "nnodes" not in (v.get("serving") or {})}
+    return {**shipped, **extra}
 
 
 def _leaves(schema: dict[str, Any], prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
@@ -119,9 +122,11 @@ def _outcome(validate, merged: dict[str, Any], name: str) -> tuple[str, Any]:
     except spec.ConfigError as exc:
         # The section watch (issue 36) came after the old validator was frozen: the top level's allowed fields
         # name it too (its own checks: test_watch_section_* below).
-        # So did speculative.budget_schedule (issue 38; its own checks: test_schedule.py).
+        # So did speculative.budget_schedule (issue 38; its own checks: test_schedule.py), and serving.nnodes and
+        # serving.dist_init_port (issue 37; test_multinode.py checks them).
         return "problems", [p.replace("serving, gates, watch", "serving, gates")
                             .replace("reproduce_state_leak, budget_schedule", "reproduce_state_leak")
+                            .replace(", nnodes, dist_init_port", "")
                             for p in exc.problems]
     except (OverflowError, ValueError) as exc:  # the old validator's one crash (below)
         return "crash", repr(exc)

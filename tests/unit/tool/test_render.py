@@ -55,6 +55,12 @@ EXPECTED["kimi-k2.6-ddtree-b64-tp8"] = (
        "--speculative-dflash-block-size", "16", "--speculative-ddtree-budget", "64",
        "--speculative-ddtree-topk-cap", "8", "--speculative-ddtree-state-forking", "off",
        "--speculative-ddtree-topk", "fused", "--trust-remote-code"])
+# Two hosts, TP 16 (docs/multinode.md): `make render` renders rank 0, which other ranks join at its bind address.
+EXPECTED["kimi-k2.6-tp16-2node"] = (
+    ["--model-path", f"{MODELS}/moonshotai--Kimi-K2.6/main", "--tp-size", "16", "--host", "127.0.0.1",
+     "--port", "30000", "--nccl-port", "30001", "--attention-backend", "flashinfer",
+     "--mem-fraction-static", "0.9", "--enable-metrics",
+     "--nnodes", "2", "--node-rank", "0", "--dist-init-addr", "127.0.0.1:30002", "--trust-remote-code"])
 
 
 def render_cli(name: str, out: Path, *extra: str) -> subprocess.CompletedProcess:

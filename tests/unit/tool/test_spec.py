@@ -45,7 +45,7 @@ def test_required_configs_are_shipped():
 def test_shipped_config_is_valid(name):
     config = spec.load(name)
     assert config.name == name
-    assert len(config.serving.gpus) == config.serving.tp_size
+    assert len(config.serving.gpus) * config.serving.nnodes == config.serving.tp_size
 
 
 def test_features_select_patches():

@@ -23,6 +23,8 @@ RENDER_SPEC = {
     "out": {"type": "path", "required": True},
     "replica": {"type": "int"},
     "verify": {"type": "bool", "default": False},
+    "node_rank": {"type": "int"},
+    "dist_init_address": {"type": "str"},
 }
 
 ARGUMENT_SPEC = {
@@ -55,6 +57,7 @@ class ActionModule(ControllerAction):
                 host = render.HostSettings(
                     release_label=wanted["release"], bind_address=wanted["bind_address"] or None,
                     launcher=wanted["launcher"] or render.DEFAULT_LAUNCHER,
+                    node_rank=wanted.get("node_rank"), dist_init_address=wanted.get("dist_init_address") or None,
                     **{k: wanted[k] for k in ("release_root", "service_user", "env_dir", "models_root")
                        if wanted.get(k)})
                 result["rendered"] = controller.describe(config, host, replica=wanted.get("replica"),

@@ -65,6 +65,14 @@ options:
         description: Check the unit with systemd-analyze verify.
         type: bool
         default: false
+      node_rank:
+        description:
+          - With C(serving.nnodes) above 1, this host's rank among the engine's hosts (docs/multinode.md).
+          - Ignored for an engine on one host.
+        type: int
+      dist_init_address:
+        description: With C(serving.nnodes) above 1, the address of rank 0 that every rank joins.
+        type: str
 extends_documentation_fragment:
   - sgdeploy.host.attributes
   - sgdeploy.host.attributes.read_only

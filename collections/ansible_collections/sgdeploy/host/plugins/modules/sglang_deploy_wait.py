@@ -16,7 +16,15 @@ description:
     C(Authorization) bearer token, read on the host from the unit's environment file, to O(url) only; it is
     never a module argument or a return value.
 options:
-  what: {description: What to wait for., type: str, required: true, choices: [healthy, stopped]}
+  what:
+    description:
+      - What to wait for.
+      - V(running) is for a rank above 0 of an engine over several hosts (docs/multinode.md), which serves no HTTP
+        (rank 0 does); O(unit) must stay active, without a restart, for O(settle_s) seconds.
+    type: str
+    required: true
+    choices: [healthy, stopped, running]
+  settle_s: {description: "How long O(unit) must stay up (running).", type: int, default: 5}
   url: {description: The service's base URL (healthy)., type: str}
   unit: {description: The unit started by this switch (healthy)., type: str}
   answers:
@@ -82,7 +90,7 @@ done: {description: Whether waiting is over (RV(ok) says how it ended)., returne
 ok: {description: Whether it ended as wanted., returned: always, type: bool}
 state:
   description:
-    - healthy, exited, stopped, held (a port kept by something this deploy does not stop), timeout or waiting
+    - healthy, running, exited, stopped, held (a port kept by something this deploy does not stop), timeout or waiting
       (check in check mode).
   returned: always
   type: str
@@ -138,10 +146,29 @@ def _stopped(p, deadline, call_end):
         time.sleep(0.5)
 
 
+def _running(unit, baseline, settle_s, deadline, call_end):
+    """A rank above 0 (no HTTP): its unit active and not restarted for settle_s seconds in a row."""
+    up_since = None
+    while True:
+        problem = sglang_http.unit_problem(unit, baseline)
+        active = units.active_state(unit) == "active"
+        if problem:
+            return "exited", f"{problem} (see journalctl -u {unit})"
+        up_since = (up_since or time.time()) if active else None
+        if up_since is not None and time.time() - up_since >= settle_s:
+            return "running", f"{unit} active for {settle_s} s without a restart (a rank above 0: rank 0 serves)"
+        if time.time() >= deadline:
+            return "timeout", f"{unit} did not stay active"
+        if time.time() >= call_end:
+            return "waiting", f"{unit} not settled yet"
+        time.sleep(0.5)
+
+
 def main():
     module = AnsibleModule(
         argument_spec=dict(
-            what=dict(type="str", required=True, choices=["healthy", "stopped"]),
+            what=dict(type="str", required=True, choices=["healthy", "stopped", "running"]),
+            settle_s=dict(type="int", default=5),
             url=dict(type="str"), unit=dict(type="str"), answers=dict(type="int", default=0),
             units=dict(type="list", elements="str", default=[]),
             ports=dict(type="list", elements="list", default=[]),
@@ -151,7 +178,7 @@ def main():
             run_id=dict(type="str"), lease_s=dict(type="int", default=300),
             lock_path=dict(type="path", default=lock.LOCK),
         ),
-        required_if=[("what", "healthy", ["url"])],
+        required_if=[("what", "healthy", ["url"]), ("what", "running", ["unit"])],
         supports_check_mode=True,
     )
     p = module.params
@@ -182,11 +209,13 @@ def main():
             if problem:
                 state, detail = "exited", "healthy, but " + problem
                 break
+    elif p["what"] == "running":
+        state, detail = _running(p["unit"], baseline, p["settle_s"], deadline, call_end)
     else:
         state, detail = _stopped(p, deadline, call_end)
     elapsed = round(time.time() - since, 1)
     done = state != "waiting"
-    module.exit_json(changed=False, done=done, ok=state in ("healthy", "stopped"), state=state,
+    module.exit_json(changed=False, done=done, ok=state in ("healthy", "stopped", "running"), state=state,
                      elapsed_s=elapsed, detail=f"{detail} ({elapsed:.0f} s of {p['timeout_s']} s)")
 
 

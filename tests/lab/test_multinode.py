@@ -1,0 +1,151 @@
+"""One engine over two lab hosts (serving.nnodes 2; docs/multinode.md; issue 37 deliver 2).
+
+Real ansible-playbook over SSH to lab1 and lab2; the engine is the simulator (test equipment) honouring
+--nnodes/--node-rank/--dist-init-addr: rank 0 (lab1) serves HTTP only once rank 1 (lab2) joined it on the
+dist-init port, and exits 1 when rank 1 goes away. In order: a first start, a switch to another config over the
+same GPUs, a deploy whose gate fails on rank 0 (both hosts roll back), and a deploy whose rank 1 is killed once rank
+0 serves (the engine goes down, both hosts roll back). The configs use GPU 6 and ports 32000-32012 of both hosts,
+away from the other lab tests'; at the end their units and files are removed from both hosts.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+from test_deploy import LAB_CONFIGS, active_unit, newest_record, output_of
+
+pytestmark = pytest.mark.lab
+
+HOSTS = ("lab1", "lab2")
+A, B, FAIL, KILL = "lab-2node-b15", "lab-2node-b32", "lab-2node-b32-accept-high", "lab-2node-b15-32010"
+CONFIGS = (A, B, FAIL, KILL)
+
+
+def unit(config: str) -> str:
+    return f"sglang-{config}.service"
+
+
+def deploy(lab, config: str, limit: str = "lab1,lab2", timeout: float = 900):
+    """As `make deploy LIMIT=...` runs it (SERIAL 1, localhost beside the hosts): a batch is one engine's two ranks."""
+    return lab.ansible_playbook("playbooks/deploy.yml", "-e", f"config={LAB_CONFIGS / config}.yml", "-e",
+                                "deploy_serial=1", "--limit", f"{limit},localhost", check=False, timeout=timeout)
+
+
+def argv(lab, host: str, config: str) -> list[str]:
+    pid = lab.ssh(host, f"systemctl show -p MainPID --value {unit(config)}").stdout.strip()
+    return lab.ssh(host, f"tr '\\0' '\\n' < /proc/{pid}/cmdline").stdout.split("\n")
+
+
+def flag(args: list[str], name: str) -> str:
+    return args[args.index(name) + 1]
+
+
+def health(lab, port: int) -> int:
+    out = lab.ssh("lab1", f"curl -s -o /dev/null -w '%{{http_code}}' http://{lab.address('lab1')}:{port}/health",
+                  check=False).stdout.strip()
+    return int(out or 0)
+
+
+def listens(lab, host: str, port: int) -> bool:
+    return f":{port} " in lab.ssh(host, "ss -Hltn", check=False).stdout
+
+
+@pytest.fixture(scope="module", autouse=True)
+def leave_hosts_as_found(lab):
+    if not all(h in lab.hosts for h in HOSTS):
+        pytest.skip("needs the lab's two hosts lab1 and lab2")
+    yield
+    for host in HOSTS:
+        for c in CONFIGS:
+            lab.ssh(host, f"systemctl disable --now {unit(c)} 2>/dev/null; rm -rf /etc/systemd/system/{unit(c)} "
+                          f"/etc/sglang/{c}.env /var/lib/sglang-deploy/{c}; systemctl daemon-reload", check=False,
+                    timeout=300)
+
+
+def test_a_partial_engine_is_refused_before_any_change(lab):
+    proc = deploy(lab, A, limit="lab1")
+    out = output_of(proc)
+    assert proc.returncode != 0
+    assert ("config " + str(LAB_CONFIGS / A) + ".yml: serving.nnodes 2 needs that many hosts that switch together; "
+            "lab1's engine (sglang_engine_group '') has lab1 (1)") in " ".join(out.split()), out[-3000:]
+    for host in HOSTS:
+        assert lab.ssh(host, f"test -e /etc/systemd/system/{unit(A)}", check=False).returncode != 0
+
+
+def test_a_first_start_runs_rank_0_on_lab1_and_rank_1_on_lab2(lab):
+    started = time.monotonic()
+    proc = deploy(lab, A)
+    out = output_of(proc)
+    assert proc.returncode == 0, out[-4000:]
+    for host, rank in zip(HOSTS, ("0", "1"), strict=True):
+        assert active_unit(lab, host, unit(A)) == "active"
+        args = argv(lab, host, A)
+        assert (flag(args, "--nnodes"), flag(args, "--node-rank")) == ("2", rank)
+        assert flag(args, "--dist-init-addr") == f"{lab.address('lab1')}:32002"
+        assert newest_record(lab, host, A)["outcome"] == "deployed"
+    # Rank 0 serves HTTP and the dist-init port; rank 1 serves neither (it joined rank 0).
+    assert health(lab, 32000) == 200 and listens(lab, "lab1", 32002)
+    assert "dist-init: all 2 ranks joined" in lab.ssh("lab1", f"journalctl -u {unit(A)} --no-pager").stdout
+    assert "dist-init: joined rank 0" in lab.ssh("lab2", f"journalctl -u {unit(A)} --no-pager").stdout
+    # The gates ran on rank 0 only; rank 1's record says where.
+    assert newest_record(lab, "lab1", A)["gates"]
+    assert "gates: on rank 0, lab1" in newest_record(lab, "lab2", A)["message"]
+    print(f"first start of two ranks: {time.monotonic() - started:.1f} s")
+
+
+def test_a_switch_moves_both_ranks_to_the_new_config(lab):
+    proc = deploy(lab, B)
+    out = output_of(proc)
+    assert proc.returncode == 0, out[-4000:]
+    for host in HOSTS:
+        assert active_unit(lab, host, unit(B)) == "active"
+        assert active_unit(lab, host, unit(A)) in ("inactive", "unknown")
+        assert newest_record(lab, host, B)["outcome"] == "deployed"
+    assert flag(argv(lab, "lab2", B), "--speculative-ddtree-budget") == "32"
+    assert health(lab, 32000) == 200
+
+
+def test_a_gate_failing_on_rank_0_rolls_both_ranks_back(lab):
+    before = {h: lab.ssh(h, f"systemctl show -p MainPID --value {unit(B)}").stdout.strip() for h in HOSTS}
+    proc = deploy(lab, FAIL)
+    out = output_of(proc)
+    assert proc.returncode != 0
+    assert "GATE FAILED on lab1" in out and "DEPLOY FAILED on lab1" in out and "DEPLOY FAILED on lab2" in out, \
+        out[-4000:]
+    assert "ENGINE FAILED: lab1 (rank 0)" in out  # lab2 did not commit alone
+    for host in HOSTS:
+        assert active_unit(lab, host, unit(B)) == "active" and active_unit(lab, host, unit(FAIL)) != "active"
+        assert newest_record(lab, host, FAIL)["outcome"] == "rolled_back"
+        now = lab.ssh(host, f"systemctl show -p MainPID --value {unit(B)}").stdout.strip()
+        assert now != before[host]  # restarted by the rollback
+    assert health(lab, 32000) == 200
+
+
+def test_a_killed_rank_takes_the_engine_down_and_both_ranks_roll_back(lab):
+    killed = {}
+
+    def kill_rank_1_once_rank_0_serves():
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and health(lab, 32010) != 200:
+            time.sleep(0.3)
+        killed["at"] = time.monotonic()
+        lab.ssh("lab2", f"systemctl kill -s SIGKILL {unit(KILL)}", check=False)
+
+    thread = threading.Thread(target=kill_rank_1_once_rank_0_serves, daemon=True)
+    thread.start()
+    proc = deploy(lab, KILL)
+    thread.join(10)
+    out = output_of(proc)
+    assert "at" in killed, out[-4000:]
+    assert proc.returncode != 0, out[-4000:]
+    journal = lab.ssh("lab1", f"journalctl -u {unit(KILL)} --no-pager").stdout
+    assert "ERROR: rank 1 left the engine" in journal
+    assert "DEPLOY FAILED on lab1" in out and "DEPLOY FAILED on lab2" in out, out[-4000:]
+    for host in HOSTS:
+        assert active_unit(lab, host, unit(B)) == "active" and active_unit(lab, host, unit(KILL)) != "active"
+        record = newest_record(lab, host, KILL)
+        assert record["outcome"] == "rolled_back", json.dumps(record)[:2000]
+    assert health(lab, 32000) == 200
