@@ -4,7 +4,8 @@
 #   lab A (LAB_NET, default 127.0.1): deploy, engine-in-a-unit, verify, release, the lab itself, router,
 #                                     signals during the gates and the port wait, bad config strings via make,
 #                                     faults during a replica rollout
-#   lab B (127.0.2):                  provisioning (reboots hosts), models, sweep, the fault matrix
+#   lab B (127.0.2):                  provisioning (reboots hosts), models, sweep, the fault matrix, and last the
+#                                     fleet router (test_fleet.py brings lab B to 4 hosts; `down` removes them)
 # With WITH_SLOW=1 (make test), the slow CPU tests (tests/unit -m slow: they build CPU virtualenvs and run
 # Triton's interpreter) run as a third stream beside the two labs, which mostly wait; their log is printed
 # at the end and their exit status counts like a lab's.
@@ -15,7 +16,7 @@ PY=${PY:-.venv/bin/python}
 A_FILES="tests/lab/test_deploy.py tests/lab/test_exactness.py tests/lab/test_engine_unit.py tests/lab/test_verify.py tests/lab/test_release.py tests/lab/test_lab.py tests/lab/test_cli.py tests/lab/test_nondefault.py tests/lab/test_router.py tests/lab/test_interrupts.py tests/lab/test_bad_input.py tests/lab/test_plan_summary.py tests/lab/test_engine_key.py tests/lab/test_replica_faults.py"
 # Run after both labs are done, on lab A: these change what both labs share on the controller (build/wheels).
 SERIAL_FILES="tests/lab/test_wheel_tamper.py"
-B_FILES="tests/lab/test_provision.py tests/lab/test_models.py tests/lab/test_sweep.py tests/lab/test_faults.py tests/lab/test_drift.py tests/lab/test_conflicts.py tests/lab/test_replica_changes.py tests/lab/test_found_rows.py tests/lab/test_monitoring.py"
+B_FILES="tests/lab/test_provision.py tests/lab/test_models.py tests/lab/test_sweep.py tests/lab/test_faults.py tests/lab/test_drift.py tests/lab/test_conflicts.py tests/lab/test_replica_changes.py tests/lab/test_found_rows.py tests/lab/test_monitoring.py tests/lab/test_fleet.py"
 # Every test file must be in one of the groups.
 for f in tests/lab/test_*.py; do
   case " $A_FILES $B_FILES $SERIAL_FILES " in *" $f "*) ;; *) echo "tests/lab/run.sh: $f is in no group" >&2; exit 2;; esac

@@ -9,8 +9,9 @@ module: controller_fleet
 short_description: Plan the fleet router of a config on the controller, in-process
 description:
   - Runs inside ansible-playbook on the controller (an action plugin; it never connects to a host) and asks the
-    project's Python package sgdeploy (C(sgdeploy.fleet.plan)) for the fleet of a config (docs/router.md, "The
-    fleet router"): the engine URL of each GPU host, the fleet router's address and ports, and the batch size.
+    project's Python package sgdeploy (C(sgdeploy.fleet.plan)) for the fleet of a config (docs/router.md, section
+    The fleet router), that is the engine URL of each GPU host, the fleet router's address and ports, and the
+    batch size.
   - Fails with one line, before any host is touched, on a fleet the router could not reach or that does not fit
     (an engine bound to loopback while the router runs on another host, two engines with one URL, a config with its
     own per-host router, more or less than one router host, a bad O(max_unavailable)).
