@@ -48,7 +48,7 @@ CONFIG      ?=
 INVENTORY   ?=
 LIMIT       ?=
 SERIAL      ?= 1
-MAX_UNAVAILABLE ?= 1
+MAX_UNAVAILABLE ?=
 LAB_HOSTS   ?= 2
 LAB_INVENTORY ?= inventory/lab.yml
 BUDGETS     ?= 8 15 16 32 64
@@ -88,6 +88,9 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 LIMIT_ARG := $${LIMIT:+--limit "$$LIMIT,localhost"}
 # REPLACES_ARG: `-e "replaces=$REPLACES"` when REPLACES is set (two words, the value intact).
 REPLACES_ARG := $${REPLACES:+-e "replaces=$$REPLACES"}
+# FLEET_ARG: `-e "fleet_max_unavailable=$MAX_UNAVAILABLE"` when set (the fleet router's batch size; the role's
+# default is 1; checked by the fleet's plan before any host is touched, docs/router.md).
+FLEET_ARG := $${MAX_UNAVAILABLE:+-e "fleet_max_unavailable=$$MAX_UNAVAILABLE"}
 # A config is a name from configs/ or the path of a YAML file; anything else stops here (exit 2)
 # before any program runs.
 CONFIG_ALLOWED := a config name from configs/ (lower-case letters, digits, '.', '_', '-'; e.g. ddtree-b15) \
@@ -189,7 +192,7 @@ deploy: $(STAMP) ## Deploy CONFIG with gates and automatic rollback [INVENTORY= 
 	@$(SGDEPLOY) validate "$$CONFIG" >/dev/null
 	$(ensure_lab)
 	$(need_hosts)
-	$(ANSIBLE_PLAYBOOK) -i "$$INV" $(LIMIT_ARG) playbooks/deploy.yml -e config="$$CONFIG" -e deploy_serial="$$SERIAL" -e fleet_max_unavailable="$$MAX_UNAVAILABLE" $(REPLACES_ARG)
+	$(ANSIBLE_PLAYBOOK) -i "$$INV" $(LIMIT_ARG) playbooks/deploy.yml -e config="$$CONFIG" -e deploy_serial="$$SERIAL" $(FLEET_ARG) $(REPLACES_ARG)
 
 gate: $(STAMP) ## Run CONFIG's gates from the controller through an SSH tunnel [HOST= INVENTORY=]
 	$(need_config)
@@ -202,7 +205,7 @@ rollback: $(STAMP) ## Go back by hand to the previous deploy of CONFIG (replicas
 	$(need_config)
 	$(ensure_lab)
 	$(need_hosts)
-	$(ANSIBLE_PLAYBOOK) -i "$$INV" $(LIMIT_ARG) playbooks/rollback.yml -e config="$$CONFIG" -e rollback_serial="$$SERIAL" -e fleet_max_unavailable="$$MAX_UNAVAILABLE" $(REPLACES_ARG)
+	$(ANSIBLE_PLAYBOOK) -i "$$INV" $(LIMIT_ARG) playbooks/rollback.yml -e config="$$CONFIG" -e rollback_serial="$$SERIAL" $(FLEET_ARG) $(REPLACES_ARG)
 
 monitoring: $(STAMP) ## Prometheus on the inventory's group monitoring + the metrics exporter on every GPU host (docs/monitoring.md) [INVENTORY=]
 	$(ensure_lab)
@@ -344,4 +347,4 @@ plan: $(STAMP) ## Show what a deploy of CONFIG would change, changing nothing (-
 	@$(SGDEPLOY) validate "$$CONFIG" >/dev/null
 	$(ensure_lab)
 	$(need_hosts)
-	$(ANSIBLE_PLAYBOOK) -i "$$INV" $(LIMIT_ARG) playbooks/deploy.yml --check --diff -e config="$$CONFIG" -e fleet_max_unavailable="$$MAX_UNAVAILABLE" $(REPLACES_ARG)
+	$(ANSIBLE_PLAYBOOK) -i "$$INV" $(LIMIT_ARG) playbooks/deploy.yml --check --diff -e config="$$CONFIG" $(FLEET_ARG) $(REPLACES_ARG)
