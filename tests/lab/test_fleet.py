@@ -190,7 +190,8 @@ def test_a_fleet_that_does_not_fit_is_refused_before_any_change(fleet):
 
 
 def test_fleet_switch_failed_canary_and_rollback_with_no_failed_request(fleet):
-    first = fleet.ansible_playbook("playbooks/deploy.yml", "-e", _cfg("lab-fleet-b15"), timeout=1200)
+    first = fleet.ansible_playbook("playbooks/deploy.yml", "-e", _cfg("lab-fleet-b15"), "-e", "fleet_max_unavailable=2",
+                                   timeout=1200)
     assert f"FLEET ROUTER on {ROUTER_HOST}: {_router_url(fleet)} in front of 3 engine(s)" in first.stdout, \
         first.stdout[-3000:]
     key = _router_key(fleet)
@@ -199,8 +200,10 @@ def test_fleet_switch_failed_canary_and_rollback_with_no_failed_request(fleet):
     # The router runs as its dedicated user on lab4 and binds lab4's address only; no engine runs there.
     user = fleet.ssh(ROUTER_HOST, f"systemctl show -p User --value sglang-router-{PORT}.service").stdout.strip()
     assert user == "sglang-router"
-    listen = fleet.ssh(ROUTER_HOST, f"ss -Hltn 'sport = :{PORT}'").stdout
-    assert f"{fleet.address(ROUTER_HOST)}:{PORT}" in listen and listen.count("\n") == 1, listen
+    pid = fleet.ssh(ROUTER_HOST, f"systemctl show -p MainPID --value sglang-router-{PORT}.service").stdout.strip()
+    listen = fleet.ssh(ROUTER_HOST, f"ss -Hltnp | grep 'pid={pid},'").stdout.split("\n")
+    assert sorted(line.split()[3] for line in listen if line) == [f"{fleet.address(ROUTER_HOST)}:{p}"
+                                                                 for p in (PORT - 1, PORT)], listen
     assert "sglang-lab-fleet" not in fleet.ssh(ROUTER_HOST, "systemctl list-units --all 'sglang-*'").stdout
 
     phases: dict[str, dict] = {}
@@ -239,7 +242,7 @@ def test_fleet_switch_failed_canary_and_rollback_with_no_failed_request(fleet):
         assert _listed(fleet, key) == engines
 
         # (c) make rollback: each engine out, back to b15, back in, one at a time.
-        phases["c_rollback"], proc = _timed(fleet, load, "playbooks/rollback.yml", "-e", "config=lab-fleet-b32")
+        phases["c_rollback"], proc = _timed(fleet, load, "playbooks/rollback.yml", "-e", _cfg("lab-fleet-b32"))
         assert proc.returncode == 0, proc.stdout[-4000:]
         for host in GPU_HOSTS:
             assert f"FLEET ENGINE ROLLED BACK on {host}: {_engine_url(fleet, host)}, out of the fleet router" \
