@@ -270,3 +270,7 @@ def test_fleet_switch_failed_canary_and_rollback_with_no_failed_request(fleet):
     assert phases["c_rollback"]["min_engines_in_router"] == 2, phases["c_rollback"]
     # The fleet router never restarted through all of it.
     assert _active_since(fleet, ROUTER_HOST, f"sglang-router-{PORT}.service") == router_since
+    # make status names the fleet router and its engines.
+    status = fleet.ansible_playbook("playbooks/status.yml", timeout=600)
+    assert (f"{ROUTER_HOST} fleet router: sglang-router-{PORT}.service active on {fleet.address(ROUTER_HOST)}:{PORT}: "
+            "3 of 3 replica(s) healthy in the router") in status.stdout, status.stdout[-3000:]
