@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import subprocess
 import sys
 import threading
 import time
@@ -274,3 +275,10 @@ def test_fleet_switch_failed_canary_and_rollback_with_no_failed_request(fleet):
     status = fleet.ansible_playbook("playbooks/status.yml", timeout=600)
     assert (f"{ROUTER_HOST} fleet router: sglang-router-{PORT}.service active on {fleet.address(ROUTER_HOST)}:{PORT}: "
             "3 of 3 replica(s) healthy in the router") in status.stdout, status.stdout[-3000:]
+    # testinfra's router checks (user, hardening, the pinned wheel, listeners, every engine healthy) hold on the
+    # router host as on a GPU host's router.
+    verify = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
+                             "tests/infra/test_router.py", "--hosts=ansible://routers",
+                             f"--ansible-inventory={fleet.inventory}"], cwd=REPO, env=fleet.ansible_env(), text=True,
+                            capture_output=True, timeout=600, stdin=subprocess.DEVNULL)
+    assert verify.returncode == 0 and "4 passed" in verify.stdout, verify.stdout[-3000:] + verify.stderr[-2000:]
