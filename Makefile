@@ -15,6 +15,7 @@
 #: INVENTORY=FILE      Ansible inventory with the hosts in group gpu_hosts (default: the lab, brought up)
 #: LIMIT=PATTERN       only these hosts of gpu_hosts (an Ansible --limit pattern, e.g. gpu-01)
 #: SERIAL=N|P%         hosts deployed or rolled back at a time: a whole number from 1, or 1% to 100% (default 1)
+#: MAX_UNAVAILABLE=N|P% fleet router (inventory group routers): engines out at once after the canary (default 1)
 #: HOST=NAME           gate, sweep: the host (default: the first of gpu_hosts); reference: only this host
 #: BUDGETS="8 15 ..."  sweep: the DDTree budgets to test (default "8 15 16 32 64")
 #: TOPK_CAPS="4 8"     sweep: the top-k caps to test (default: the config's cap)
@@ -48,6 +49,7 @@ CONFIG      ?=
 INVENTORY   ?=
 LIMIT       ?=
 SERIAL      ?= 1
+MAX_UNAVAILABLE ?=
 LAB_HOSTS   ?= 2
 LAB_INVENTORY ?= inventory/lab.yml
 BUDGETS     ?= 8 15 16 32 64
@@ -64,7 +66,7 @@ REPLACES    ?=
 
 # Take every user variable's text as it is (make never expands a `$(...)` in it), and hand it to
 # the recipes' environment.
-USER_VARS := CONFIG INVENTORY LIMIT SERIAL LAB_HOSTS LAB_INVENTORY BUDGETS TOPK_CAPS CLIFF_DROP \
+USER_VARS := CONFIG INVENTORY LIMIT SERIAL MAX_UNAVAILABLE LAB_HOSTS LAB_INVENTORY BUDGETS TOPK_CAPS CLIFF_DROP \
              TIE_TOLERANCE BATCHES HOST PATCHES PATCH DRAIN VERBOSE REPLACES
 $(foreach v,$(USER_VARS),$(eval override $(v) := $$(value $(v))))
 
@@ -88,6 +90,9 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 LIMIT_ARG := $${LIMIT:+--limit "$$LIMIT,localhost"}
 # REPLACES_ARG: `-e "replaces=$REPLACES"` when REPLACES is set (two words, the value intact).
 REPLACES_ARG := $${REPLACES:+-e "replaces=$$REPLACES"}
+# FLEET_ARG: `-e "fleet_max_unavailable=$MAX_UNAVAILABLE"` when set (the fleet router's batch size; the role's
+# default is 1; checked by the fleet's plan before any host is touched, docs/router.md).
+FLEET_ARG := $${MAX_UNAVAILABLE:+-e "fleet_max_unavailable=$$MAX_UNAVAILABLE"}
 # A config is a name from configs/ or the path of a YAML file; anything else stops here (exit 2)
 # before any program runs.
 CONFIG_ALLOWED := a config name from configs/ (lower-case letters, digits, '.', '_', '-'; e.g. ddtree-b15) \
@@ -189,7 +194,7 @@ deploy: $(STAMP) ## Deploy CONFIG with gates and automatic rollback [INVENTORY= 
 	@$(SGDEPLOY) validate "$$CONFIG" >/dev/null
 	$(ensure_lab)
 	$(need_hosts)
-	$(ANSIBLE_PLAYBOOK) -i "$$INV" $(LIMIT_ARG) playbooks/deploy.yml -e config="$$CONFIG" -e deploy_serial="$$SERIAL" $(REPLACES_ARG)
+	$(ANSIBLE_PLAYBOOK) -i "$$INV" $(LIMIT_ARG) playbooks/deploy.yml -e config="$$CONFIG" -e deploy_serial="$$SERIAL" $(FLEET_ARG) $(REPLACES_ARG)
 
 gate: $(STAMP) ## Run CONFIG's gates from the controller through an SSH tunnel [HOST= INVENTORY=]
 	$(need_config)
@@ -202,7 +207,7 @@ rollback: $(STAMP) ## Go back by hand to the previous deploy of CONFIG (replicas
 	$(need_config)
 	$(ensure_lab)
 	$(need_hosts)
-	$(ANSIBLE_PLAYBOOK) -i "$$INV" $(LIMIT_ARG) playbooks/rollback.yml -e config="$$CONFIG" -e rollback_serial="$$SERIAL" $(REPLACES_ARG)
+	$(ANSIBLE_PLAYBOOK) -i "$$INV" $(LIMIT_ARG) playbooks/rollback.yml -e config="$$CONFIG" -e rollback_serial="$$SERIAL" $(FLEET_ARG) $(REPLACES_ARG)
 
 monitoring: $(STAMP) ## Prometheus on the inventory's group monitoring + the metrics exporter on every GPU host (docs/monitoring.md) [INVENTORY=]
 	$(ensure_lab)
@@ -345,4 +350,4 @@ plan: $(STAMP) ## Show what a deploy of CONFIG would change, changing nothing (-
 	@$(SGDEPLOY) validate "$$CONFIG" >/dev/null
 	$(ensure_lab)
 	$(need_hosts)
-	$(ANSIBLE_PLAYBOOK) -i "$$INV" $(LIMIT_ARG) playbooks/deploy.yml --check --diff -e config="$$CONFIG" $(REPLACES_ARG)
+	$(ANSIBLE_PLAYBOOK) -i "$$INV" $(LIMIT_ARG) playbooks/deploy.yml --check --diff -e config="$$CONFIG" $(FLEET_ARG) $(REPLACES_ARG)

@@ -278,6 +278,14 @@ def test_a_good_serial_reaches_the_play(recorded, value):
     assert calls[-1][-2:] == ["-e", f"rollback_serial={value}"]
 
 
+@pytest.mark.parametrize("target, playbook", [("deploy", "playbooks/deploy.yml"),
+                                              ("rollback", "playbooks/rollback.yml")])
+def test_max_unavailable_reaches_the_fleet_play_as_one_argument(recorded, target, playbook):
+    proc, calls = recorded(target, "CONFIG=ddtree-b15", "INVENTORY=inventory/example.yml", "MAX_UNAVAILABLE=25% x")
+    assert proc.returncode == 0, proc.stderr
+    assert playbook in calls[-1] and calls[-1][-2:] == ["-e", "fleet_max_unavailable=25% x"]
+
+
 def test_targets_call_the_one_sgdeploy_command(recorded):
     for target, args in (("config", ["CONFIG=ar"]), ("validate", []), ("render", ["CONFIG=ar"]),
                          ("wheel", ["CONFIG=ar"])):

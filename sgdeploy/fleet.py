@@ -1,0 +1,117 @@
+"""The fleet router (issue 37 deliver 1): one sglang-router on a host of the inventory group ``routers`` in front
+of the engine of a config on every GPU host (docs/router.md, "The fleet router").
+
+``plan`` is what the deploy and the rollback ask of the controller before they touch any host: each GPU host's
+engine URL (the config's layout at that host's bind address), the fleet router's address and ports, and how many
+engines a batch takes out at once (``max_unavailable``). It refuses, in one line naming the thing, the value and
+what is allowed, a fleet the router could not reach or that would not fit: an engine bound to loopback while the
+router runs on another host, two engines with one URL, a config with its own per-host router, a bad
+``max_unavailable``. The action plugin ``sgdeploy.host.controller_fleet`` calls it in-process.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import math
+import re
+from dataclasses import dataclass
+
+from sgdeploy import controller, render, spec
+
+DEFAULT_MAX_UNAVAILABLE = "1"
+
+
+class FleetError(ValueError):
+    """A fleet the deploy refuses before any change: one line."""
+
+
+@dataclass(frozen=True)
+class Host:
+    """An inventory host: its name, where Ansible reaches it (ansible_host) and its sglang_bind_address."""
+
+    name: str
+    ansible_host: str
+    bind_address: str = ""
+
+
+def _is_loopback(address: str) -> bool:
+    if address in ("localhost", "localhost.localdomain"):
+        return True
+    try:
+        return ipaddress.ip_address(address.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def batch_size(text: str, engines: int) -> int:
+    """``max_unavailable`` (N engines, or N% of them, at least 1) as a number of engines; FleetError if not allowed."""
+    raw = str(text).strip() or DEFAULT_MAX_UNAVAILABLE
+    allowed = (f"a whole number from 1 to {max(1, engines - 1)}, or a percentage such as 25% "
+               f"(of the {engines} engine(s); the canary goes alone first, and a batch may not take every engine out)")
+    m = re.fullmatch(r"(\d+)(%?)", raw)
+    if not m:
+        raise FleetError(f"max_unavailable {raw!r} is not allowed: use {allowed}")
+    value = int(m.group(1))
+    if m.group(2):
+        if not 1 <= value <= 100:
+            raise FleetError(f"max_unavailable {raw!r} is not allowed: use {allowed}")
+        return max(1, min(max(1, engines - 1), math.floor(engines * value / 100)))
+    if not 1 <= value <= max(1, engines - 1):
+        raise FleetError(f"max_unavailable {raw!r} is not allowed: use {allowed}")
+    return value
+
+
+def plan(config: spec.Config, engines: list[Host], routers: list[Host], max_unavailable: str = "",
+         release: str = "stock") -> dict:
+    """The fleet of ``config``: engines (one per GPU host), the router and the batch size; FleetError if refused."""
+    if len(routers) != 1:
+        raise FleetError(f"inventory group routers has {len(routers)} host(s) ({', '.join(h.name for h in routers)}): "
+                         "one fleet router host is supported (leave the group out for a router per GPU host)")
+    if not engines:
+        raise FleetError("inventory group gpu_hosts has no host: the fleet router needs at least one engine")
+    if config.serving.router:
+        raise FleetError(f"config {config.name}: serving.replicas {config.serving.replicas} with a per-host router "
+                         "is not allowed behind the fleet router: use serving.replicas 1 (one engine per GPU host, "
+                         "each a worker of the fleet router), or leave the routers group out of the inventory")
+    router = routers[0]
+    out_engines = []
+    seen: dict[str, str] = {}
+    for host in engines:
+        if host.name == router.name:
+            raise FleetError(f"host {host.name} is in both gpu_hosts and routers: the fleet router runs on a host of "
+                             "its own (leave the routers group out to run a router on each GPU host)")
+        settings = render.HostSettings(release_label=release, bind_address=host.bind_address or None)
+        address = render.bind_address(config, settings)
+        if address in ("0.0.0.0", "::"):
+            # Every address of the host: the router reaches it at the one Ansible uses.
+            url = f"http://{host.ansible_host}:{config.serving.port}"
+        else:
+            url = controller.service_url(config, settings)
+        if _is_loopback(address) and not (_is_loopback(host.ansible_host) and _is_loopback(router.ansible_host)):
+            raise FleetError(
+                f"host {host.name}: the engine of {config.name} binds {address} (loopback), which the fleet router "
+                f"on {router.name} ({router.ansible_host}) cannot reach: set serving.host or the host's "
+                "sglang_bind_address to an address the router host reaches (with serving.api_key_secret), "
+                "or leave the routers group out")
+        if url in seen:
+            raise FleetError(f"hosts {seen[url]} and {host.name}: both engines of {config.name} would be {url}: "
+                             "each GPU host needs its own bind address (sglang_bind_address) behind the fleet router")
+        seen[url] = host.name
+        out_engines.append({"host": host.name, "url": url, "name": config.name})
+    r_settings = render.HostSettings(release_label=release, bind_address=router.bind_address or None)
+    r_address = render.bind_address(config, r_settings)
+    batch = batch_size(max_unavailable, len(out_engines))
+    return {
+        "config": config.name,
+        "engines": out_engines,
+        "workers": [e["url"] for e in out_engines],
+        "router": {"host": router.name, "bind_address": r_address, "port": config.serving.port,
+                   "metrics_port": config.serving.port - 1,
+                   "unit_name": f"sglang-router-{config.serving.port}.service",
+                   "url": controller.service_url(config, r_settings)},
+        "max_unavailable": batch,
+        "api_key_secret": config.serving.api_key_secret or "",
+        "line": (f"{len(out_engines)} engine(s) of {config.name} behind the fleet router on {router.name} "
+                 f"({controller.service_url(config, r_settings)}): the canary "
+                 f"({out_engines[0]['host']}) first, then {batch} at a time"),
+    }

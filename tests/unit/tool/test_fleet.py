@@ -1,0 +1,94 @@
+"""The fleet router's plan (sgdeploy.fleet, issue 37 deliver 1): each GPU host's engine URL, the router, the batch
+size; and the fleets it refuses in one line before any host is touched (docs/router.md, "The fleet router")."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from sgdeploy import fleet, spec
+
+REPO = Path(__file__).resolve().parents[3]
+BIN = Path(sys.executable).parent
+LAB = REPO / "tests" / "lab" / "configs"
+H = fleet.Host
+LAB_ENGINES = [H(f"lab{i}", f"127.0.42.1{i}", f"127.0.42.1{i}") for i in (1, 2, 3)]
+LAB_ROUTER = [H("lab4", "127.0.42.14", "127.0.42.14")]
+
+
+def _cfg(name: str) -> spec.Config:
+    return spec.load(str(LAB / f"{name}.yml"))
+
+
+def test_the_lab_fleet_plan():
+    got = fleet.plan(_cfg("lab-fleet-b15"), LAB_ENGINES, LAB_ROUTER, "2")
+    assert got["workers"] == ["http://127.0.42.11:31300", "http://127.0.42.12:31300", "http://127.0.42.13:31300"]
+    assert [e["host"] for e in got["engines"]] == ["lab1", "lab2", "lab3"]
+    assert got["router"] == {"host": "lab4", "bind_address": "127.0.42.14", "port": 31300, "metrics_port": 31299,
+                             "unit_name": "sglang-router-31300.service", "url": "http://127.0.42.14:31300"}
+    assert got["max_unavailable"] == 2
+    assert got["line"].endswith("the canary (lab1) first, then 2 at a time")
+
+
+def test_engines_on_every_address_are_reached_where_ansible_reaches_them():
+    engines = [H("gpu1", "10.0.0.11", "0.0.0.0"), H("gpu2", "10.0.0.12", "0.0.0.0")]
+    cfg = _cfg("lab-engine-key")  # names serving.api_key_secret: a non-loopback bind is allowed
+    got = fleet.plan(cfg, engines, [H("r", "10.0.0.2", "10.0.0.2")])
+    assert got["workers"] == [f"http://10.0.0.11:{cfg.serving.port}", f"http://10.0.0.12:{cfg.serving.port}"]
+    assert got["max_unavailable"] == 1
+
+
+@pytest.mark.parametrize("text,engines,want", [("", 3, 1), ("1", 3, 1), ("2", 3, 2), ("10%", 64, 6),
+                                                ("50%", 3, 1), ("100%", 8, 7), ("1%", 3, 1), ("1", 1, 1)])
+def test_max_unavailable(text, engines, want):
+    assert fleet.batch_size(text, engines) == want
+
+
+@pytest.mark.parametrize("text", ["0", "3", "-1", "x", "2.5", "0%", "101%", "1 %"])
+def test_a_bad_max_unavailable_is_refused(text):
+    with pytest.raises(fleet.FleetError, match=r"^max_unavailable '.*' is not allowed: use a whole number from 1 to 2"):
+        fleet.batch_size(text, 3)
+
+
+@pytest.mark.parametrize("engines,routers,config,match", [
+    ([H("g1", "10.0.0.11"), H("g2", "10.0.0.12")], [H("r", "10.0.0.2", "10.0.0.2")], "lab-fleet-b15",
+     r"^host g1: the engine of lab-fleet-b15 binds 127\.0\.0\.1 \(loopback\), which the fleet router on r "
+     r"\(10\.0\.0\.2\) cannot reach: set serving\.host or the host's sglang_bind_address"),
+    ([H("g1", "127.0.0.1"), H("g2", "127.0.0.1")], [H("r", "127.0.0.1")], "lab-fleet-b15",
+     r"^hosts g1 and g2: both engines of lab-fleet-b15 would be http://127\.0\.0\.1:31300"),
+    (LAB_ENGINES, LAB_ROUTER, "lab-replicas-b15",
+     r"^config lab-replicas-b15: serving\.replicas 2 with a per-host router is not allowed behind the fleet router"),
+    (LAB_ENGINES, LAB_ROUTER + [H("lab5", "127.0.42.15")], "lab-fleet-b15",
+     r"^inventory group routers has 2 host\(s\) \(lab4, lab5\): one fleet router host is supported"),
+    (LAB_ENGINES, [LAB_ENGINES[0]], "lab-fleet-b15", r"^host lab1 is in both gpu_hosts and routers"),
+    ([], LAB_ROUTER, "lab-fleet-b15", r"^inventory group gpu_hosts has no host"),
+])
+def test_a_fleet_that_does_not_fit_is_refused(engines, routers, config, match):
+    with pytest.raises(fleet.FleetError, match=match):
+        fleet.plan(_cfg(config), engines, routers)
+
+
+def test_the_deploy_refuses_an_unreachable_fleet_before_any_host_is_touched(tmp_path):
+    """make deploy with a routers group whose router is on another machine and engines on loopback: one line, exit
+    non-zero, and no task runs on a GPU host (they are unreachable addresses: any connection would fail otherwise)."""
+    inv = tmp_path / "inventory.yml"
+    unreachable = {"ansible_host": "192.0.2.1", "ansible_connection": "ssh", "gpu_count": 8}
+    inv.write_text(yaml.safe_dump({"all": {"children": {
+        "gpu_hosts": {"hosts": {"gpu1": dict(unreachable), "gpu2": dict(unreachable, ansible_host="192.0.2.2")}},
+        "routers": {"hosts": {"router1": {"ansible_host": "192.0.2.3", "ansible_connection": "local",
+                                          "ansible_python_interpreter": sys.executable}}}}}}))
+    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1")
+    proc = subprocess.run([str(BIN / "ansible-playbook"), "-i", str(inv), "playbooks/deploy.yml", "-e",
+                           f"config={LAB / 'lab-fleet-b15.yml'}"], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=300, check=False, stdin=subprocess.DEVNULL)
+    assert proc.returncode != 0
+    assert ("FLEET REFUSED before any change: host gpu1: the engine of lab-fleet-b15 binds 127.0.0.1 (loopback), which "
+            "the fleet router on router1 (192.0.2.3) cannot reach") in proc.stdout, proc.stdout[-3000:]
+    assert not re.search(r"^gpu[12]\s+:", proc.stdout, re.M) and "UNREACHABLE" not in proc.stdout, proc.stdout[-3000:]
+    assert "Traceback" not in proc.stdout + proc.stderr
