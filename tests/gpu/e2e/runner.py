@@ -211,8 +211,8 @@ def score_prefix(port: int, prompt: list[int], output: list[int]) -> list:
     return [[[e[0], e[1]] for e in (step or []) if e is not None] for step in (meta.get("input_top_logprobs") or [])]
 
 
-def run_batch(port: int, jobs: list, fn) -> list:
-    with cf.ThreadPoolExecutor(CONCURRENCY) as pool:
+def run_batch(port: int, jobs: list, fn, concurrency: int = CONCURRENCY) -> list:
+    with cf.ThreadPoolExecutor(concurrency) as pool:
         futs = [pool.submit(fn, port, *j) for j in jobs]
         out = []
         for f in futs:
@@ -379,14 +379,7 @@ def timing(server: ServerProc, ps: list[list[int]]) -> dict:
 def in_flight(port: int, jobs: list, n: int) -> tuple[list, float]:
     """``jobs`` with ``n`` requests in flight (a new one starts as one ends); (outputs, wall seconds)."""
     t = time.time()
-    with cf.ThreadPoolExecutor(n) as pool:
-        futs = [pool.submit(generate, port, *j) for j in jobs]
-        out = []
-        for f in futs:
-            try:
-                out.append(f.result())
-            except Exception as err:  # noqa: BLE001
-                out.append({"error": f"{type(err).__name__}: {str(err)[:300]}"})
+    out = run_batch(port, jobs, generate, n)
     return out, time.time() - t
 
 

@@ -4,21 +4,15 @@ False), and the rest of the server keeps reading the largest width's runner. Loa
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-
-SRC = Path(__file__).resolve().parents[3] / "patches/sglang/src/sglang/srt/speculative/ddtree_graphs.py"
+import series_source
 
 
 @pytest.fixture(scope="module")
 def graphs():
-    spec = importlib.util.spec_from_file_location("ddtree_graphs_under_test", SRC)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return series_source.load("speculative/ddtree_graphs.py")
 
 
 class Runner:

@@ -3,20 +3,13 @@ from the series' source: it needs neither torch nor SGLang."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
-
-SRC = Path(__file__).resolve().parents[3] / "patches/sglang/src/sglang/srt/speculative/ddtree_schedule.py"
+import series_source
 
 
 @pytest.fixture(scope="module")
 def sched():
-    spec = importlib.util.spec_from_file_location("ddtree_schedule_under_test", SRC)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return series_source.load("speculative/ddtree_schedule.py")
 
 
 def test_each_batch_size_takes_the_last_entry_at_or_below_it(sched):
