@@ -254,12 +254,17 @@ def check_mask_sizing(lines: dict) -> dict:
     )  # fmt: skip
     cache_locs.assign_extend_cache_locs_func = stop
     out = {}
-    for case, host in (("seq_lens_cpu", True), ("gpu_only", False)):
+    from sglang.srt.speculative.ddtree_schedule import BudgetSchedule
+
+    # "schedule" (patch 0005): the largest budget is 8, the schedule gives this batch of 2 the budget 3: the step
+    # must build, mask and verify a tree of 3 (a fixed-budget worker would pass 8).
+    for case, host in (("seq_lens_cpu", True), ("gpu_only", False), ("schedule", True)):
         worker = object.__new__(ddtree_worker.DDTreeWorker)
         seen = {}
 
         def build(seen=seen, worker=worker, **kwargs):
             seen["seq_lens_sum"] = kwargs["seq_lens_sum"]
+            seen["budget"] = kwargs.get("budget")
             seen["input"] = ddtree_worker.DDTreeWorker.build_verify_input(worker, **kwargs)
             return seen["input"]
 
@@ -271,6 +276,8 @@ def check_mask_sizing(lines: dict) -> dict:
                 model_runner=types.SimpleNamespace(model=types.SimpleNamespace(lm_head=None), attn_backend=backend)
             ),
         )  # fmt: skip
+        if case == "schedule":
+            worker.__dict__.update(ddtree_budget=8, ddtree_schedule=BudgetSchedule.from_text(f"1:8,{bs}:{budget}"))
         draft_input = object.__new__(DFlashDraftInputV2)
         reserved = [p + 2 * t + 1 for p in prefix]  # what prepare_for_decode reserves: >= prefix + 2 x width
         draft_input.__dict__.update(nxt_kv_lens_cpu=torch.tensor(reserved), nxt_kv_lens_sum=sum(reserved))
@@ -287,7 +294,9 @@ def check_mask_sizing(lines: dict) -> dict:
             got = seen["input"].custom_mask.as_subclass(torch.Tensor)
             exact = flatten_tree_mask(mask, torch.tensor(prefix), True, None)
             out[case] = {
-                "seq_lens_sum": seen["seq_lens_sum"], "numel": int(got.numel()), "exact_numel": int(exact.numel()),
+                "seq_lens_sum": seen["seq_lens_sum"], "budget": seen["budget"],
+                "width": int(seen["input"].draft_token_num), "numel": int(got.numel()),
+                "exact_numel": int(exact.numel()),
                 "head_is_exact": bool(torch.equal(got[: exact.numel()], exact)),
                 "tail_all_true": bool(got[exact.numel():].all()),
             }  # fmt: skip
@@ -401,3 +410,12 @@ def test_forward_decode_without_host_lengths_takes_the_reserved_upper_bound(run_
     assert "device_read" not in got and "error" not in got, got
     assert got["seq_lens_sum"] == (5 + 9) + 2 * (2 * 4 + 1), got
     assert got["numel"] > got["exact_numel"] and got["head_is_exact"] and got["tail_all_true"], got
+
+
+def test_a_scheduled_step_builds_and_masks_the_tree_of_its_batch_sizes_budget(run_check):
+    """Patch 0005: the largest budget is 8, the schedule gives a batch of 2 the budget 3; the step passes 3 to the tree
+    builder and its verify input and mask are 3 + 1 wide (as the fixed budget 3's), with no device read."""
+    got = run_check("mask_sizing")["schedule"]
+    assert "device_read" not in got and "error" not in got, got
+    assert got["budget"] == 3 and got["width"] == 4, got
+    assert got["numel"] == got["exact_numel"] == (5 + 9 + 2 * 4) * 4 and got["head_is_exact"], got

@@ -55,6 +55,10 @@ logger = logging.getLogger(__name__)
 
 
 class DDTreeWorker(DFlashWorkerV2):
+    # diff 0005: the budget schedule (ddtree_schedule.BudgetSchedule), set by __init__ when one is given; None: the
+    # fixed budget. A class default, so that a worker made without __init__ (tests) steps at its fixed budget.
+    ddtree_schedule = None
+
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         spec = get_spec()
@@ -66,7 +70,6 @@ class DDTreeWorker(DFlashWorkerV2):
         self.speculative_num_draft_tokens = self.ddtree_budget + 1
         # diff 0005: a budget per running batch size; ddtree_budget is then its largest (buffers, graphs).
         schedule = getattr(spec, "speculative_ddtree_budget_schedule", None)
-        self.ddtree_schedule = None
         if schedule:
             from sglang.srt.speculative.ddtree_schedule import BudgetSchedule
 
