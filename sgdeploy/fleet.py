@@ -11,7 +11,6 @@ router runs on another host, two engines with one URL, a config with its own per
 
 from __future__ import annotations
 
-import ipaddress
 import math
 import re
 from dataclasses import dataclass
@@ -35,12 +34,8 @@ class Host:
 
 
 def _is_loopback(address: str) -> bool:
-    if address in ("localhost", "localhost.localdomain"):
-        return True
-    try:
-        return ipaddress.ip_address(address.strip("[]")).is_loopback
-    except ValueError:
-        return False
+    """spec.is_loopback, also for the inventory's host names of loopback and a bracketed IPv6 address."""
+    return address in ("localhost", "localhost.localdomain") or spec.is_loopback(address.strip("[]"))
 
 
 def batch_size(text: str, engines: int) -> int:
