@@ -26,29 +26,9 @@ def flag_value(schedule: Schedule) -> str:
     return ",".join(f"{m}:{b}" for m, b in schedule)
 
 
-def parse_flag(text: str) -> Schedule:
-    """``"1:64,4:32"`` -> ``((1, 64), (4, 32))``; ValueError naming the entry for anything else."""
-    out = []
-    for item in text.split(","):
-        head, sep, tail = item.strip().partition(":")
-        if not sep or not head.strip().isdigit() or not tail.strip().isdigit():
-            raise ValueError(f"entry {item.strip()!r} is not min_batch:budget (whole numbers, e.g. 4:32)")
-        out.append((int(head), int(tail)))
-    return tuple(out)
-
-
 def as_entries(schedule: Schedule) -> list[dict[str, int]]:
     """The config's form: ``[{"min_batch": 1, "budget": 64}, ...]``."""
     return [{"min_batch": m, "budget": b} for m, b in schedule]
-
-
-def budget_for(schedule: Schedule, batch: int) -> int:
-    """The budget a step with ``batch`` running requests uses: the last entry with min_batch <= batch."""
-    chosen = schedule[0][1]
-    for min_batch, budget in schedule:
-        if min_batch <= batch:
-            chosen = budget
-    return chosen
 
 
 def problems(schedule: Sequence[tuple[int, int]], max_budget: int) -> list[str]:

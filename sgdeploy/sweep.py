@@ -899,10 +899,29 @@ def progress(row: dict) -> str:
         gates = f", exactness {verdicts['exactness'] or '-'}" if row["status"] == "ok" else ""
     leak = "; LEAKS (no state forking above block_size - 1)" if report.leaks(row) else ""
     if row["status"] != "ok":
-        return f"FAILED: {row['error']}{gates}{leak}"
+        return f"FAILED: {row['error']}{gates}{leak}{why_not_passed(row)}"
     return (f"accept {row['accept_length_mean']:.1f} (sd {row['accept_length_sd']:.1f}), "
             f"{row['tokens_per_s']:.1f} tok/s, step {row['step_time_ms']:.0f} ms, "
-            f"{row['requests'] - row['failures']}/{row['requests']} requests{gates}{leak}")
+            f"{row['requests'] - row['failures']}/{row['requests']} requests{gates}{leak}{why_not_passed(row)}")
+
+
+WHY_CHARS = 300  # of a gate's reason in the progress lines (results.json and results.md keep it whole)
+
+
+def why_not_passed(row: dict) -> str:
+    """One indented line per gate of the row that did not pass (fail or inconclusive) with its reason, so that a
+    variant left out of the recommendation says why where the user reads it; empty when all passed."""
+    gates: dict = row["gates"] if isinstance(row.get("gates"), dict) else {"exactness": row.get("exactness")}
+    lines = []
+    for name in report.GATE_NAMES:
+        g = gates.get(name)
+        if not isinstance(g, dict) or g.get("verdict") in (None, "pass") or not g.get("reason"):
+            continue
+        reason = " ".join(str(g["reason"]).split())
+        if len(reason) > WHY_CHARS:
+            reason = reason[:WHY_CHARS - 3] + "..."
+        lines.append(f"\n      {name} {g['verdict']}: {reason}")
+    return "".join(lines)
 
 
 def progress_cell(cell: dict) -> str:

@@ -76,6 +76,16 @@ class LabHandle:
             raise AssertionError(f"ssh {name} {command!r} exited {proc.returncode}:\n{_tail(proc)}")
         return proc
 
+    def remove_configs(self, name: str, prefix: str, router_port: int | None = None) -> None:
+        """Stop and remove, on host ``name``, every deploy whose config starts with ``prefix`` (replicas too: their
+        units, env files and state) and the router on ``router_port``: a file that shares a lab with others leaves
+        its GPUs and ports free for the next file."""
+        units = f"sglang-{prefix}*.service" + (f" sglang-router-{router_port}.service" if router_port else "")
+        self.ssh(name, f"for u in $(systemctl list-units --all --plain --no-legend {units} | awk '{{print $1}}'); do "
+                       "systemctl disable --now $u; done; "
+                       f"rm -rf /etc/systemd/system/sglang-{prefix}* /etc/sglang/{prefix}* "
+                       f"/var/lib/sglang-deploy/{prefix}*; systemctl daemon-reload", timeout=300)
+
     def ansible_env(self) -> dict[str, str]:
         env = dict(self.env)
         env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"

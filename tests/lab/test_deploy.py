@@ -105,9 +105,11 @@ def test_ddtree_b15_deploys_and_passes_its_gates(lab):
                      r"\(nothing was stopped for it\)\. The watch did not run: watch\.enabled is false\.\"$",
                      deployed_line(proc.stdout)), deployed_line(proc.stdout)
     assert re.fullmatch(r"[0-9a-fx][0-9a-f]{11}", record["release"]), record["release"]  # the series hash
-    # The record was fetched to the controller.
-    fetched = list((REPO / "reports" / "deploys" / "lab1").glob("*.json"))
-    assert fetched
+    # The record was fetched to the controller, into the host's folder of the config (as on the host: records are
+    # named by the second they finished, so two configs' records in one folder could overwrite each other).
+    folder = REPO / "reports" / "deploys" / "lab1" / "ddtree-b15"
+    fetched = {p.name: json.loads(p.read_text()) for p in folder.glob("*.json")}
+    assert record in fetched.values(), sorted(fetched)
     # The unit runs as the dedicated user, bound to the host's own address only.
     user = lab.ssh("lab1", "ps -o user= -p $(systemctl show -p MainPID --value sglang-ddtree-b15)").stdout.strip()
     assert user == "sglang"

@@ -34,6 +34,13 @@ ROUTER_UNIT = f"sglang-router-{ROUTER_PORT}.service"
 SICK_DROP_IN = "/etc/systemd/system/sglang-lab-scale-x3-r2.service.d"
 
 
+@pytest.fixture(scope="module", autouse=True)
+def leave_the_gpus_free(lab):
+    """Lab C runs this file among others (tests/lab/run.sh): its replicas' GPUs 5-7 and the router go at the end."""
+    yield
+    lab.remove_configs(HOST, "lab-scale-", ROUTER_PORT)
+
+
 def _cfg(name: str) -> str:
     return f"config={LAB_CONFIGS / f'lab-scale-{name}.yml'}"
 

@@ -42,6 +42,15 @@ STATE = "/var/lib/sglang-deploy"
 DROP_IN = f"/etc/systemd/system/sglang-{B32}-r1.service.d"
 
 
+@pytest.fixture(scope="module", autouse=True)
+def leave_the_gpus_free(lab):
+    """Lab C runs this file among others (tests/lab/run.sh): its replicas' GPUs 6-7 and the router go at the end
+    (every config of this file starts with lab-faults- or lab-watch-)."""
+    yield
+    lab.remove_configs(HOST, "lab-faults-", ROUTER_PORT)
+    lab.remove_configs(HOST, "lab-watch-")
+
+
 def _deploy(lab, name: str, *extra: str, check: bool = True):
     return lab.ansible_playbook("playbooks/deploy.yml", "-e", f"config={LAB_CONFIGS / f'{name}.yml'}", *extra,
                                 "--limit", HOST, check=check, timeout=900)

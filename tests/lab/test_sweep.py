@@ -145,7 +145,7 @@ def test_sweep_without_state_forking_never_recommends_a_leaking_budget(before_ru
     for b in (16, 32):
         assert rows[b]["not_recommended"][0] == "leaks: no state forking above block_size - 1", rows[b]
         assert f"budget {b} cap 8 (leaks: no state forking above block_size - 1" in results["recommendation"]
-    assert results["best"]["budget"] == 15, results["recommendation"]
+    assert results["best"]["budget"] == 15, (results["recommendation"], rows[15]["gates"])
     assert results["fastest"]["budget"] in (8, 15)
     assert "recommended: budget 15 cap 8" in results["recommendation"]
     md = (next(tmp_path.iterdir()) / "results.md").read_text()

@@ -419,6 +419,8 @@ def test_every_variant_runs_the_deploys_gates_and_a_leaking_budget_is_never_reco
     out = capsys.readouterr().out
     assert ("[3/4] budget 16 cap 8: accept 14.4 (sd 0.2), 173.5 tok/s, step 85 ms, 4/4 requests; gates: smoke pass, "
             "exactness fail, throughput pass, acceptance pass; LEAKS (no state forking above block_size - 1)") in out
+    # A gate that did not pass says why, under its variant's line (where a user reads why it is left out).
+    assert "\n      exactness inconclusive: the variant's deploy recorded no exactness verdict\n" in out, out
     md = (s.report_dir / "results.md").read_text()
     assert "| leaks | smoke | exactness | throughput | acceptance | status |" in md
     assert ("| 16 | 8 | 14.40 | 0.20 | 173.5 | 85.0 | 4 | 0 | yes | pass | fail | pass | pass | ok (not "
