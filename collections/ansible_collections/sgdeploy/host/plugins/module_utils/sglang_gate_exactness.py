@@ -21,6 +21,7 @@ import json
 import re
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -151,7 +152,23 @@ def collect(base_url: str, prompts: list[bench.Prompt], concurrency: int, timeou
     all within ``timeout`` seconds."""
     base_url = sglang_http.check_url(base_url)
     deadline = time.monotonic() + timeout
-    outputs: list[dict | None] = [None] * len(prompts)
+
+    def one(prompt: bench.Prompt) -> dict:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise ExactnessError(f"not sent when the time limit ({timeout:g} s) ran out")
+        return ask(base_url, prompt, left, top_needed)
+
+    return for_each_prompt(prompts, concurrency, deadline, one)
+
+
+def for_each_prompt(prompts: list[bench.Prompt], concurrency: int, deadline: float,
+                    work: Callable[[bench.Prompt], dict]) -> tuple[list[dict | None], list[str]]:
+    """``work(prompt)`` for every prompt, at most ``concurrency`` at a time, waiting until ``deadline``
+    (``time.monotonic()``) and 5 s more: the results in the prompts' order (None where it failed or had not
+    finished) and the errors as ``<prompt id>: <error>``. ``work`` raises ExactnessError or ServingError for a
+    prompt that failed; the others go on."""
+    results: list[dict | None] = [None] * len(prompts)
     errors: list[str] = []
     lock = threading.Lock()
     todo = list(range(len(prompts)))
@@ -162,24 +179,21 @@ def collect(base_url: str, prompts: list[bench.Prompt], concurrency: int, timeou
                 if not todo:
                     return
                 i = todo.pop(0)
-            left = deadline - time.monotonic()
             try:
-                if left <= 0:
-                    raise ExactnessError(f"not sent when the time limit ({timeout:g} s) ran out")
-                result = ask(base_url, prompts[i], left, top_needed)
+                result = work(prompts[i])
             except (ExactnessError, sglang_http.ServingError) as err:
                 with lock:
                     errors.append(f"{prompts[i].id}: {err}")
                 continue
             with lock:
-                outputs[i] = result
+                results[i] = result
 
     threads = [threading.Thread(target=worker, daemon=True) for _ in range(max(1, min(concurrency, len(prompts))))]
     for t in threads:
         t.start()
     for t in threads:
         t.join(max(deadline - time.monotonic(), 0) + 5)
-    return outputs, errors
+    return results, errors
 
 
 # --- reference files ------------------------------------------------------------------------------------------

@@ -27,7 +27,6 @@ and callable from the H200 harness: ``self_check(base_url, prompts, tolerance, c
 from __future__ import annotations
 
 import json
-import threading
 import time
 from typing import Any
 
@@ -230,31 +229,8 @@ def self_check(base_url: str, prompts: list[bench.Prompt] | None = None, toleran
     base_url = sglang_http.check_url(base_url)
     prompts = exactness.load_prompts() if prompts is None else prompts
     deadline = time.monotonic() + timeout
-    results: list[dict | None] = [None] * len(prompts)
-    errors: list[str] = []
-    lock = threading.Lock()
-    todo = list(range(len(prompts)))
-
-    def worker() -> None:
-        while True:
-            with lock:
-                if not todo:
-                    return
-                i = todo.pop(0)
-            try:
-                r = check_prompt(base_url, prompts[i], tolerance, max_new_tokens, deadline)
-            except (ExactnessError, sglang_http.ServingError) as err:
-                with lock:
-                    errors.append(f"{prompts[i].id}: {err}")
-                continue
-            with lock:
-                results[i] = r
-
-    threads = [threading.Thread(target=worker, daemon=True) for _ in range(max(1, min(concurrency, len(prompts))))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(max(deadline - time.monotonic(), 0) + 5)
+    results, errors = exactness.for_each_prompt(
+        prompts, concurrency, deadline, lambda p: check_prompt(base_url, p, tolerance, max_new_tokens, deadline))
     missing = [p.id for p, r in zip(prompts, results, strict=True) if r is None]
     if errors or missing:
         first = errors[0] if errors else f"{missing[0]}: no answer within {timeout:g} s"
