@@ -2,11 +2,11 @@
 # Run the lab integration tests on three labs at once (they mostly wait on SSH, systemd and the
 # simulated engine, so the streams finish in about a third of the time on a 2-core machine):
 #   lab A (LAB_NET, default 127.0.1): deploy, engine-in-a-unit, verify, release, the lab itself, router,
-#                                     signals during the gates and the port wait, bad config strings via make
+#                                     signals during the gates and the port wait, bad config strings via make,
+#                                     faults during a replica rollout
 #   lab B (127.0.2):                  provisioning (reboots hosts), models, sweep, the fault matrix
-#   lab C (127.0.3):                  monitoring, the budget schedule, multi-node engines, replica-count changes,
-#                                     faults during a replica rollout, the fleet router (the two replica files free
-#                                     their GPUs at the end: LabHandle.remove_configs)
+#   lab C (127.0.3):                  monitoring, the budget schedule, multi-node engines, replica-count changes
+#                                     (it frees its GPUs at the end: LabHandle.remove_configs), the fleet router
 # With WITH_SLOW=1 (make test), the slow CPU tests (tests/unit -m slow: they build CPU virtualenvs and run
 # Triton's interpreter) run first in the third stream, then lab C: the CPU-heavy part is over before lab C's
 # deploys start. The logs of B, C and the slow tests are printed at the end; every exit status counts.
@@ -14,15 +14,15 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 PY=${PY:-.venv/bin/python}
-A_FILES="tests/lab/test_deploy.py tests/lab/test_exactness.py tests/lab/test_engine_unit.py tests/lab/test_verify.py tests/lab/test_release.py tests/lab/test_lab.py tests/lab/test_cli.py tests/lab/test_nondefault.py tests/lab/test_router.py tests/lab/test_interrupts.py tests/lab/test_bad_input.py tests/lab/test_plan_summary.py tests/lab/test_engine_key.py"
+A_FILES="tests/lab/test_deploy.py tests/lab/test_exactness.py tests/lab/test_engine_unit.py tests/lab/test_verify.py tests/lab/test_release.py tests/lab/test_lab.py tests/lab/test_cli.py tests/lab/test_nondefault.py tests/lab/test_router.py tests/lab/test_interrupts.py tests/lab/test_bad_input.py tests/lab/test_plan_summary.py tests/lab/test_engine_key.py tests/lab/test_replica_faults.py"
 # Run after both labs are done, on lab A: these change what both labs share on the controller (build/wheels).
 SERIAL_FILES="tests/lab/test_wheel_tamper.py"
 B_FILES="tests/lab/test_provision.py tests/lab/test_models.py tests/lab/test_sweep.py tests/lab/test_faults.py tests/lab/test_drift.py tests/lab/test_conflicts.py tests/lab/test_found_rows.py"
 # Lab C runs in the third stream, after the slow CPU tests (WITH_SLOW=1) or beside the others (without): the
-# monitoring stack, the budget schedule, engines over two hosts, the replica files (moved from A and B: the third
-# stream ends earliest), and last the fleet router (test_fleet.py brings
+# monitoring stack, the budget schedule, engines over two hosts, replica-count changes (moved from B: the
+# third stream ended earliest), and last the fleet router (test_fleet.py brings
 # its lab to 4 hosts; `down` removes them).
-C_FILES="tests/lab/test_monitoring.py tests/lab/test_schedule.py tests/lab/test_multinode.py tests/lab/test_replica_changes.py tests/lab/test_replica_faults.py tests/lab/test_fleet.py"
+C_FILES="tests/lab/test_monitoring.py tests/lab/test_schedule.py tests/lab/test_multinode.py tests/lab/test_replica_changes.py tests/lab/test_fleet.py"
 # Every test file must be in one of the groups.
 for f in tests/lab/test_*.py; do
   case " $A_FILES $B_FILES $C_FILES $SERIAL_FILES " in *" $f "*) ;; *) echo "tests/lab/run.sh: $f is in no group" >&2; exit 2;; esac
