@@ -332,7 +332,7 @@ def test_the_worker_api_refuses_other_users_and_a_stranger_worker_is_found(lab):
     assert key not in unit and key not in argv and key not in journal
     assert "--control-plane-api-keys" not in argv
     leaked = _files_holding(key, [REPO / "build", REPO / "reports", REPO / "inventory"],
-                            skip=("lab", "lab-cache", "cpu-venv", ".venv"))
+                            skip=("lab", lab.config.dir.name, "lab-cache", "cpu-venv", ".venv"))
     assert not leaked, leaked
 
     # A stranger added with the key (a live engine the config does not have) is found.

@@ -46,20 +46,12 @@ record: {description: The content of hub.json., returned: always, type: dict}
 """
 
 import hashlib  # noqa: E402
-import json  # noqa: E402
 import os  # noqa: E402
-import shutil  # noqa: E402
-import subprocess  # noqa: E402
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
+from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_venv as venv_utils  # noqa: E402
 
 PROBE = "import huggingface_hub; print(huggingface_hub.__version__)"
-
-
-def _run(cmd):
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    lines = [ln for ln in (proc.stderr + proc.stdout).splitlines() if ln.strip()]
-    return proc.returncode, proc.stdout.strip(), " | ".join(lines[-4:])
 
 
 def _pinned_version(text):
@@ -68,14 +60,6 @@ def _pinned_version(text):
         if name in ("huggingface-hub", "huggingface_hub") and "==" in line:
             return line.split("==", 1)[1].split()[0].strip()
     return None
-
-
-def _write_json(path, data):
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(data, fh, indent=2, sort_keys=True)
-        fh.write("\n")
-    os.replace(tmp, path)
 
 
 def main():
@@ -101,35 +85,20 @@ def main():
     if not os.path.isdir(p["wheels"]):
         module.fail_json(msg=f"sglang_model_hub_install: wheels {p['wheels']}: no such folder on the host")
     venv = os.path.join(p["root"], "venv")
-    vpy = os.path.join(venv, "bin", "python")
+    vpy = venv_utils.python_of(venv)
     record_path = os.path.join(p["root"], "hub.json")
     record = {"huggingface_hub": version, "requirements_sha256": hashlib.sha256(raw).hexdigest()}
-    try:
-        with open(record_path, encoding="utf-8") as fh:
-            current = json.load(fh)
-    except (OSError, ValueError):
-        current = None
-    if current == record and os.access(vpy, os.X_OK) and _run([vpy, "-I", "-c", PROBE])[1] == version:
+    probe = ["-I", "-c", PROBE]
+    if venv_utils.is_current(venv, record_path, record, probe, version):
         module.exit_json(changed=False, python=vpy, record=record)
     if module.check_mode:
         module.exit_json(changed=True, python=vpy, record=record)
-
-    os.umask(0o022)
-    if os.path.isdir(venv):
-        shutil.rmtree(venv)
-    os.makedirs(p["root"], mode=0o755, exist_ok=True)
-    for cmd, what in (([p["python"], "-m", "venv", venv], "python -m venv"),
-                      ([vpy, "-m", "pip", "install", "--no-index", "--no-deps", "--require-hashes", "--no-cache-dir",
-                        "--disable-pip-version-check", "--find-links", p["wheels"], "-r", p["requirements"]],
-                       "pip install of the pinned wheels")):
-        rc, _, tail = _run(cmd)
-        if rc != 0:
-            module.fail_json(msg=f"sglang_model_hub_install: {what} failed (exit {rc}): {tail}")
-    rc, out, tail = _run([vpy, "-I", "-c", PROBE])
-    if rc != 0 or out != version:
-        module.fail_json(msg=f"sglang_model_hub_install: the venv does not import huggingface_hub {version}: "
-                             f"{out or tail}")
-    _write_json(record_path, record)
+    try:
+        venv_utils.make(p["python"], venv, ["--require-hashes", "--find-links", p["wheels"], "-r", p["requirements"]],
+                        "pip install of the pinned wheels", record_path, record, probe, version,
+                        f"import huggingface_hub {version}")
+    except (venv_utils.VenvError, OSError) as exc:
+        module.fail_json(msg=f"sglang_model_hub_install: {exc}")
     module.exit_json(changed=True, python=vpy, record=record)
 
 

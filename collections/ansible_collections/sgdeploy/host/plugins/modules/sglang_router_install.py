@@ -47,32 +47,14 @@ venv: {description: The virtualenv's folder., returned: always, type: str}
 record: {description: The content of router.json., returned: always, type: dict}
 """
 
-import json  # noqa: E402
 import os  # noqa: E402
 import re  # noqa: E402
-import shutil  # noqa: E402
-import subprocess  # noqa: E402
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
+from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_venv as venv_utils  # noqa: E402
 
 PROBE = ("import importlib.metadata as m; import sglang_router.router as r; "
          "assert r.Router; print(m.version('sglang-router'))")
-
-
-def _run(cmd):
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    lines = [ln for ln in (proc.stderr + proc.stdout).splitlines() if ln.strip()]
-    return proc.returncode, proc.stdout.strip(), " | ".join(lines[-4:])
-
-
-def _write_json(path, data):
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(data, fh, indent=2, sort_keys=True)
-        fh.write("\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
 
 
 def main():
@@ -99,33 +81,18 @@ def main():
                              f"the pin is {p['sha256']}; nothing installed")
     base = os.path.join(p["root"], p["version"])
     venv = os.path.join(base, "venv")
-    vpy = os.path.join(venv, "bin", "python")
     record_path = os.path.join(base, "router.json")
     record = {"version": p["version"], "wheel": os.path.basename(p["wheel"]), "wheel_sha256": got}
-    try:
-        with open(record_path, encoding="utf-8") as fh:
-            current = json.load(fh)
-    except (OSError, ValueError):
-        current = None
-    if current == record and os.access(vpy, os.X_OK) and _run([vpy, "-c", PROBE])[1] == p["version"]:
+    probe = ["-c", PROBE]
+    if venv_utils.is_current(venv, record_path, record, probe, p["version"]):
         module.exit_json(changed=False, venv=venv, record=record)
     if module.check_mode:
         module.exit_json(changed=True, venv=venv, record=record)
-
-    os.umask(0o022)  # the router's user must be able to read the venv
-    if os.path.isdir(venv):
-        shutil.rmtree(venv)
-    os.makedirs(base, mode=0o755, exist_ok=True)
-    for cmd, what in (([p["python"], "-m", "venv", venv], "python -m venv"),
-                      ([vpy, "-m", "pip", "install", "--no-index", "--no-deps", "--no-cache-dir",
-                        "--disable-pip-version-check", p["wheel"]], "pip install of the wheel")):
-        rc, _, tail = _run(cmd)
-        if rc != 0:
-            module.fail_json(msg=f"sglang_router_install: {what} failed (exit {rc}): {tail}")
-    rc, out, tail = _run([vpy, "-c", PROBE])
-    if rc != 0 or out != p["version"]:
-        module.fail_json(msg=f"sglang_router_install: the venv does not run the router {p['version']}: {out or tail}")
-    _write_json(record_path, record)
+    try:
+        venv_utils.make(p["python"], venv, [p["wheel"]], "pip install of the wheel", record_path, record, probe,
+                        p["version"], f"run the router {p['version']}")
+    except (venv_utils.VenvError, OSError) as exc:
+        module.fail_json(msg=f"sglang_router_install: {exc}")
     module.exit_json(changed=True, venv=venv, record=record)
 
 
