@@ -220,7 +220,7 @@ class Config:
         if metrics is None:  # no router; an engine over several hosts also holds its dist-init port (and, with DP
             # attention, the ports SGLang's rank 0 derives from it: sgdeploy.multinode.derived_ports)
             extra = ((sv.dist_init_port, *multinode.derived_ports(sv.nnodes, sv.dist_init_port, sv.extra_args))
-                     if sv.nnodes > 1 else ())
+                     if sv.nnodes > 1 and sv.dist_init_port is not None else ())
             return (self.serving.port, self.serving.nccl_port, *extra)
         return (self.serving.port, *(p for r in self.replicas for p in (r.port, r.nccl_port)), metrics)
 
