@@ -11,6 +11,7 @@ away from the other lab tests'; at the end their units and files are removed fro
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 
@@ -197,3 +198,7 @@ def test_a_rollback_leaving_out_a_rank_is_refused_and_make_rollback_takes_both_b
     assert flag(argv(lab, "lab1", A), "--speculative-ddtree-budget") == "15"
     assert (flag(argv(lab, "lab2", A), "--node-rank")) == "1"
     assert health(lab, 32000) == 200
+    # make status: the engine is one row, its hosts rank 0 first (not a row per rank).
+    status = output_of(lab.ansible_playbook("playbooks/status.yml", "--limit", "lab1,lab2,localhost", check=False))
+    assert re.search(rf"lab1,lab2 +{A} +serving ", status), status[-3000:]
+    assert not re.search(rf"\"lab[12] +{A} ", status), status[-3000:]
