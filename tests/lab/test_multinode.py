@@ -76,6 +76,27 @@ def test_a_partial_engine_is_refused_before_any_change(lab):
         assert lab.ssh(host, f"test -e /etc/systemd/system/{unit(A)}", check=False).returncode != 0
 
 
+def test_a_rank_refused_by_its_own_plan_stops_every_rank_before_any_change(lab):
+    # Serving port 32000 taken on lab2 only: lab2's plan (after its lock) refuses; lab1 must not switch alone.
+    lab.ssh("lab2", "systemd-run --unit sgdeploy-test-squat.service python3 -m http.server 32000 "
+                    f"--bind {lab.address('lab2')}")
+    try:
+        deadline = time.monotonic() + 20
+        while not listens(lab, "lab2", 32000) and time.monotonic() < deadline:
+            time.sleep(0.3)
+        proc = deploy(lab, A)
+    finally:
+        lab.ssh("lab2", "systemctl stop sgdeploy-test-squat.service", check=False)
+    out = " ".join(output_of(proc).split())
+    assert proc.returncode != 0
+    assert f"DEPLOY REFUSED on lab2 before any change: config {A}: port {lab.address('lab2')}:32000 is already in use" \
+        in out, out[-3000:]
+    assert (f"ENGINE FAILED: lab2 (rank 1) (rank(s) of {A} with lab1) did not get past the plan; one rank failing "
+            "fails the engine, so no rank changes") in out, out[-3000:]
+    for host in HOSTS:
+        assert lab.ssh(host, f"test -e /etc/systemd/system/{unit(A)}", check=False).returncode != 0
+
+
 def test_a_first_start_runs_rank_0_on_lab1_and_rank_1_on_lab2(lab):
     started = time.monotonic()
     proc = deploy(lab, A)
