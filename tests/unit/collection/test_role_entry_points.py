@@ -96,7 +96,7 @@ def test_no_task_file_lives_outside_the_roles():
 
 def test_the_deploy_role_declares_deploy_rollback_and_status():
     specs = argument_specs("sglang_deploy")
-    # rollback_nodes: playbooks/rollback.yml's read-only first play (an engine over several hosts goes back in one batch).
+    # rollback_nodes: playbooks/rollback.yml's read-only first play (an engine over several hosts: one batch).
     assert set(specs) == {"main", "rollback", "rollback_nodes", "status"}
     for name, spec in specs.items():
         assert spec.get("short_description") and spec.get("options"), name
