@@ -9,9 +9,32 @@ config and writes the flags of one rank.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 MAX_NODES = 16
+# SGLang 0.5.23 with DP attention (--enable-dp-attention) over several hosts: rank 0 binds these ports beside the
+# dist-init port (docs/multinode.md, "Ports"): sglang/srt/server_args.py PortArgs.init_new reserves NUM_DERIVED_PORTS
+# (6) from port_base = dist_init_port + 1 (dist_init_port - 7 when dist_init_port + 6 passes 65535), and
+# sglang/srt/managers/data_parallel_controller.py's handshake takes dist_init_port + DP_ATTENTION_HANDSHAKE_PORT_DELTA.
+DP_ATTENTION_FLAG = "--enable-dp-attention"
+DERIVED_PORTS = 6
+HANDSHAKE_DELTA = 13
+
+
+def dp_attention(extra_args: Iterable[Any] | None) -> bool:
+    """Whether serving.extra_args turns DP attention on (SGLang's flag takes no value)."""
+    return any(a == DP_ATTENTION_FLAG for a in extra_args or ())
+
+
+def derived_ports(nnodes: Any, dist_init_port: Any, extra_args: Iterable[Any] | None) -> tuple[int, ...]:
+    """The ports SGLang 0.5.23's rank 0 binds beyond serving.port, serving.nccl_port and the dist-init port: none
+    without DP attention (its processes then talk over IPC files), else six next to the dist-init port and the DP
+    attention handshake port."""
+    if not (isinstance(nnodes, int) and nnodes > 1 and isinstance(dist_init_port, int) and dp_attention(extra_args)):
+        return ()
+    base = dist_init_port + 1 if dist_init_port + DERIVED_PORTS <= 65535 else dist_init_port - DERIVED_PORTS - 1
+    return (*range(base, base + DERIVED_PORTS), dist_init_port + HANDSHAKE_DELTA)
 
 
 def check(serving: Any, p: Any) -> None:
@@ -44,10 +67,29 @@ def check(serving: Any, p: Any) -> None:
             if dport == nccl:
                 dport = port + 3 if port + 3 <= 65535 else port - 3
             serving.dist_init_port = dport
+        _check_derived(serving, p)
         return
     if isinstance(dport, int) and (not 1024 <= dport <= 65535 or dport in (port, nccl)):
         p.bad("serving.dist_init_port", dport, f"must be between 1024 and 65535 and differ from serving.port ({port}) "
                                                f"and serving.nccl_port ({nccl})")
+        return
+    _check_derived(serving, p)
+
+
+def _check_derived(serving: Any, p: Any) -> None:
+    """With DP attention, rank 0's derived ports (derived_ports) must exist and miss serving.port and nccl_port."""
+    dport = serving.dist_init_port
+    extra = serving.extra_args if isinstance(serving.extra_args, list) else []
+    ports = derived_ports(serving.nnodes, dport, [a for a in extra if isinstance(a, str)])
+    if not ports:
+        return
+    taken = [f"serving.{k} ({v})" for k, v in (("port", serving.port), ("nccl_port", serving.nccl_port)) if v in ports]
+    if ports[-1] > 65535 or taken:
+        shown = f"{ports[0]}-{ports[DERIVED_PORTS - 1]} and {ports[-1]}"
+        why = ", which takes " + " and ".join(taken) if taken else ", above 65535"
+        p.bad("serving.dist_init_port", dport, f"with {DP_ATTENTION_FLAG} in serving.extra_args SGLang's rank 0 also "
+                                               f"binds ports {shown}{why}; choose a dist_init_port whose ports "
+                                               "miss serving.port and serving.nccl_port (docs/multinode.md)")
 
 
 def rank_args(nnodes: int, dist_init_port: int | None, node_rank: int | None,

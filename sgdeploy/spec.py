@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from sgdeploy import config_model
+from sgdeploy import config_model, multinode
 from sgdeploy.config_model import ALGORITHMS as ALGORITHMS
 from sgdeploy.config_model import ATTENTION_BACKENDS as ATTENTION_BACKENDS
 from sgdeploy.config_model import MANAGED_DESTS as MANAGED_DESTS
@@ -216,8 +216,11 @@ class Config:
         """Every port the config holds on its host: the router's two (serving.port and its metrics) and
         each engine's two."""
         metrics = self.router_metrics_port
-        if metrics is None:  # no router; an engine over several hosts also holds its dist-init port
-            extra = (self.serving.dist_init_port,) if self.serving.nnodes > 1 else ()
+        sv = self.serving
+        if metrics is None:  # no router; an engine over several hosts also holds its dist-init port (and, with DP
+            # attention, the ports SGLang's rank 0 derives from it: sgdeploy.multinode.derived_ports)
+            extra = ((sv.dist_init_port, *multinode.derived_ports(sv.nnodes, sv.dist_init_port, sv.extra_args))
+                     if sv.nnodes > 1 and sv.dist_init_port is not None else ())
             return (self.serving.port, self.serving.nccl_port, *extra)
         return (self.serving.port, *(p for r in self.replicas for p in (r.port, r.nccl_port)), metrics)
 

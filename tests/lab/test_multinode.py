@@ -11,6 +11,7 @@ away from the other lab tests'; at the end their units and files are removed fro
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 
@@ -71,6 +72,27 @@ def test_a_partial_engine_is_refused_before_any_change(lab):
     assert proc.returncode != 0
     assert ("config " + str(LAB_CONFIGS / A) + ".yml: serving.nnodes 2 needs that many hosts that switch together; "
             "lab1's engine (sglang_engine_group '') has lab1 (1)") in " ".join(out.split()), out[-3000:]
+    for host in HOSTS:
+        assert lab.ssh(host, f"test -e /etc/systemd/system/{unit(A)}", check=False).returncode != 0
+
+
+def test_a_rank_refused_by_its_own_plan_stops_every_rank_before_any_change(lab):
+    # Serving port 32000 taken on lab2 only: lab2's plan (after its lock) refuses; lab1 must not switch alone.
+    lab.ssh("lab2", "systemd-run --unit sgdeploy-test-squat.service python3 -m http.server 32000 "
+                    f"--bind {lab.address('lab2')}")
+    try:
+        deadline = time.monotonic() + 20
+        while not listens(lab, "lab2", 32000) and time.monotonic() < deadline:
+            time.sleep(0.3)
+        proc = deploy(lab, A)
+    finally:
+        lab.ssh("lab2", "systemctl stop sgdeploy-test-squat.service", check=False)
+    out = " ".join(output_of(proc).split())
+    assert proc.returncode != 0
+    assert f"DEPLOY REFUSED on lab2 before any change: config {A}: port {lab.address('lab2')}:32000 is already in use" \
+        in out, out[-3000:]
+    assert (f"ENGINE FAILED: lab2 (rank 1) (rank(s) of {A} with lab1) did not get past the plan; one rank failing "
+            "fails the engine, so no rank changes") in out, out[-3000:]
     for host in HOSTS:
         assert lab.ssh(host, f"test -e /etc/systemd/system/{unit(A)}", check=False).returncode != 0
 
@@ -149,3 +171,55 @@ def test_a_killed_rank_takes_the_engine_down_and_both_ranks_roll_back(lab):
         record = newest_record(lab, host, KILL)
         assert record["outcome"] == "rolled_back", json.dumps(record)[:2000]
     assert health(lab, 32000) == 200
+
+
+def main_pids(lab, config: str) -> dict[str, str]:
+    return {h: lab.ssh(h, f"systemctl show -p MainPID --value {unit(config)}").stdout.strip() for h in HOSTS}
+
+
+def test_a_change_to_rank_0_alone_restarts_every_rank(lab):
+    # A hand edit of rank 0's unit (drift, lab1 only): lab1's plan changes, lab2's does not; NCCL ranks cannot rejoin
+    # a running engine, so lab2 must restart with it.
+    before = main_pids(lab, B)
+    lab.ssh("lab1", f"echo '# edited by hand' >> /etc/systemd/system/{unit(B)}")
+    proc = deploy(lab, B)
+    out = output_of(proc)
+    assert proc.returncode == 0, out[-4000:]
+    flat = " ".join(out.split())
+    assert "drift corrected" in flat and "restarted with its engine (lab1 changed;" in flat, out[-4000:]
+    after = main_pids(lab, B)
+    for host in HOSTS:
+        assert active_unit(lab, host, unit(B)) == "active"
+        assert after[host] != before[host], f"{host}: {unit(B)} was not restarted (pid {before[host]})"
+    assert "restarted with its engine (lab1 changed" in newest_record(lab, "lab2", B)["message"]
+    assert health(lab, 32000) == 200
+
+
+def test_a_rollback_leaving_out_a_rank_is_refused_and_make_rollback_takes_both_back(lab):
+    before = main_pids(lab, B)
+    proc = lab.ansible_playbook("playbooks/rollback.yml", "-e", f"config={B}", "--limit", "lab1", check=False)
+    out = " ".join(output_of(proc).split())
+    assert proc.returncode != 0
+    assert (f"ROLLBACK REFUSED on lab1 before any change: config {B}: its engine spans 2 hosts that go back together; "
+            "lab1's engine (sglang_engine_group '') has lab1 (1)") in out, out[-3000:]
+    assert main_pids(lab, B) == before  # nothing was stopped
+    # `make rollback CONFIG=... LIMIT=lab1,lab2` (SERIAL 1: one engine, both ranks in one batch).
+    proc = lab.ansible_playbook("playbooks/rollback.yml", "-e", f"config={B}", "-e", "rollback_serial=1",
+                                "--limit", "lab1,lab2,localhost", check=False, timeout=900)
+    out = output_of(proc)
+    assert proc.returncode == 0, out[-4000:]
+    flat = " ".join(out.split())
+    for host in HOSTS:
+        assert f"{host}: {B} rolled back to {A}" in flat, out[-4000:]
+        assert active_unit(lab, host, unit(A)) == "active" and active_unit(lab, host, unit(B)) != "active"
+        assert newest_record(lab, host, B)["outcome"] == "rolled_back"
+    assert "smoke gate passed" in newest_record(lab, "lab1", B)["message"]
+    assert "smoke gate: on rank 0, lab1" in newest_record(lab, "lab2", B)["message"]
+    # Rank 0 serves A (budget 15) with rank 1 of A joined.
+    assert flag(argv(lab, "lab1", A), "--speculative-ddtree-budget") == "15"
+    assert (flag(argv(lab, "lab2", A), "--node-rank")) == "1"
+    assert health(lab, 32000) == 200
+    # make status: the engine is one row, its hosts rank 0 first (not a row per rank).
+    status = output_of(lab.ansible_playbook("playbooks/status.yml", "--limit", "lab1,lab2,localhost", check=False))
+    assert re.search(rf"lab1,lab2 +{A} +serving ", status), status[-3000:]
+    assert not re.search(rf"\"lab[12] +{A} ", status), status[-3000:]

@@ -96,7 +96,8 @@ def test_no_task_file_lives_outside_the_roles():
 
 def test_the_deploy_role_declares_deploy_rollback_and_status():
     specs = argument_specs("sglang_deploy")
-    assert set(specs) == {"main", "rollback", "status"}
+    # rollback_nodes: playbooks/rollback.yml's read-only first play (an engine over several hosts: one batch).
+    assert set(specs) == {"main", "rollback", "rollback_nodes", "status"}
     for name, spec in specs.items():
         assert spec.get("short_description") and spec.get("options"), name
         assert (ROLES / "sglang_deploy" / "tasks" / f"{name}.yml").is_file(), name
@@ -109,7 +110,8 @@ def test_the_deploy_role_declares_deploy_rollback_and_status():
 def test_rollback_and_status_plays_call_the_entry_points():
     calls = {path.stem: set(role_calls(yaml.safe_load(path.read_text(encoding="utf-8"))))
              for path in PLAYBOOK_FILES}
-    assert calls["rollback"] == {("sgdeploy.host.sglang_deploy", "rollback")}
+    assert calls["rollback"] == {("sgdeploy.host.sglang_deploy", "rollback"),
+                                 ("sgdeploy.host.sglang_deploy", "rollback_nodes")}
     assert calls["status"] == {("sgdeploy.host.sglang_deploy", "status")}
 
 

@@ -126,3 +126,34 @@ def test_the_default_dist_init_port_steps_over_an_nccl_port_set_there(tmp_path):
     path = _write(tmp_path, "nccl-2", {"nnodes": 2, "tp_size": 16, "nccl_port": 30002})
     config = spec.load(path)
     assert config.serving.dist_init_port == 30003 and config.ports == (30000, 30002, 30003)
+
+
+def test_dp_attention_holds_the_ports_sglang_0_5_23_derives_from_the_dist_init_port(tmp_path):
+    """SGLang 0.5.23 (PortArgs.init_new; DataParallelController's handshake): with --enable-dp-attention rank 0 binds
+    dist_init_port + 1 to + 6 and + 13; without it, none (IPC files)."""
+    plain = spec.load(_write(tmp_path, "plain", {"nnodes": 2, "tp_size": 16}))
+    assert plain.ports == (30000, 30001, 30002)
+    dp = spec.load(_write(tmp_path, "dp", {"nnodes": 2, "tp_size": 16, "extra_args": ["--enable-dp-attention"]}))
+    assert dp.ports == (30000, 30001, 30002, 30003, 30004, 30005, 30006, 30007, 30008, 30015)
+    # The highest dist-init port whose handshake port (+ 13) exists.
+    top = spec.load(_write(tmp_path, "top", {"nnodes": 2, "tp_size": 16, "port": 40000, "dist_init_port": 65522,
+                                             "extra_args": ["--enable-dp-attention"]}))
+    assert top.ports[2:] == (65522, 65523, 65524, 65525, 65526, 65527, 65528, 65535)
+
+
+@pytest.mark.parametrize("serving,message", [
+    ({"dist_init_port": 29996, "nccl_port": 29999}, "serving.dist_init_port: 29996: with --enable-dp-attention in "
+     "serving.extra_args SGLang's rank 0 also binds ports 29997-30002 and 30009, which takes serving.port (30000) and "
+     "serving.nccl_port (29999)"),
+    ({"dist_init_port": 65525, "port": 40000}, "serving.dist_init_port: 65525: with --enable-dp-attention in "
+     "serving.extra_args SGLang's rank 0 also binds ports 65526-65531 and 65538, above 65535"),
+    ({"nccl_port": 30005}, "serving.dist_init_port: 30002: with --enable-dp-attention"),
+])
+def test_a_dist_init_port_whose_dp_attention_ports_collide_is_one_line(serving, message, tmp_path):
+    """Before: SGLang's rank 0 failed at start (port in use) after the switch; now the config is refused."""
+    path = _write(tmp_path, "dp-bad", {"nnodes": 2, "tp_size": 16, "extra_args": ["--enable-dp-attention"], **serving})
+    proc = _run("validate", str(path))
+    assert proc.returncode == 2, proc.stdout
+    assert message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    ok = _write(tmp_path, "dp-none", {"nnodes": 2, "tp_size": 16, **serving})
+    assert _run("validate", str(ok)).returncode == 0  # without DP attention those ports are free

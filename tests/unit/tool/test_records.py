@@ -264,3 +264,29 @@ def test_cli_status_with_the_hosts_state(tmp_path):
     (now / "lab1.json").write_text("[")
     bad = cli("status", str(recs), "--now", str(now))
     assert bad.returncode == 2 and f"{now / 'lab1.json'}: not JSON" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_now_shows_an_engine_over_several_hosts_as_one_row_with_its_ranks():
+    """Before: each rank of an engine (serving.nnodes 2) was a row of its own, rank 1 as if it were a deploy."""
+    recs = [rec("2026-01-01T10:05:00Z", config="k2", accept=3.1, tps=40.0)]
+    engine = {"nnodes": 2, "engine_hosts": ["lab2", "lab1"]}
+    now = {"lab1": {"deployed": [current("k2", healthy=None, node_rank=1, **engine), current("ddtree-b15")],
+                    "uncommitted": None},
+           "lab2": {"deployed": [current("k2", node_rank=0, **engine)], "uncommitted": None},
+           "lab3": {"deployed": [current("k3", node_rank=0, nnodes=2, engine_hosts=["lab3", "lab4"])],
+                    "uncommitted": None},
+           "lab4": None}
+    rows = records.now_rows(now, [{**r, "host": "lab2"} for r in recs])
+    assert [(r["host"], r["config"], r["state"]) for r in rows] == [
+        ("lab2,lab1", "k2", "serving"),  # rank 0 first
+        ("lab1", "ddtree-b15", "serving"),
+        ("lab3", "k3", "serving; rank 1 (lab4) not found"),
+        ("lab4", None, "UNREACHABLE: what serves there is unknown"),
+    ]
+    assert rows[0]["ranks"] == [{"host": "lab2", "rank": 0, "state": "serving"},
+                                {"host": "lab1", "rank": 1, "state": "running"}]
+    assert rows[0]["tokens_per_s"] == 40.0  # rank 0's numbers
+    now["lab1"]["deployed"][0] |= {"active": False}
+    assert records.now_rows(now, recs)[0]["state"] == "serving; rank 1 (lab1) NOT RUNNING"
+    text = records.status_report(recs, now).splitlines()
+    assert text[2].split()[:3] == ["lab2,lab1", "k2", "serving;"]

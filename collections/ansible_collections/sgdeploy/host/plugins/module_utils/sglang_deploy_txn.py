@@ -213,7 +213,8 @@ def _current_of(deploy, paths):
                        # The env file's non-secret part and the secrets' names: a rollback renders it again.
                        ("env_public", deploy.get("env_public")), ("secret_keys", deploy.get("secret_keys")),
                        # An engine over several hosts (docs/multinode.md): a rank above 0 serves no HTTP.
-                       ("nnodes", deploy.get("nnodes")), ("node_rank", deploy.get("node_rank"))):
+                       ("nnodes", deploy.get("nnodes")), ("node_rank", deploy.get("node_rank")),
+                       ("engine_hosts", deploy.get("engine_hosts"))):
         if value is not None and value != "":
             current[key] = value
     # Digests of the files as installed: the next plan finds a hand edit (drift) by them.

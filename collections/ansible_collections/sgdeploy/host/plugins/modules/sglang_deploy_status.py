@@ -123,8 +123,10 @@ def main():
     running = deployed(p["state_dir"])
     for entry in running:
         entry["drift"] = installed_drift(entry)
+    # A rank above 0 of an engine over several hosts serves no API of its own (SGLang 0.5.23 answers /health there
+    # with a stub that says nothing of the engine; docs/multinode.md): rank 0's probe speaks for the engine.
     for entry in running if p["probe"] else ():
-        entry["healthy"] = probe(entry)
+        entry["healthy"] = probe(entry) if not entry.get("node_rank") else None
     module.exit_json(changed=False, **extra, deployed=running,
                      lock=lock.describe(held) if held else "",
                      interrupted=txn.describe(pending) if pending else "",
