@@ -4,12 +4,14 @@ The file brings the lab to 4 hosts (LAB_HOSTS=4; the conftest's lab is left as i
 inventory with lab1-lab3 in gpu_hosts and lab4 in the group routers. `playbooks/deploy.yml` then runs
 `playbooks/fleet_deploy.yml`: the pinned sglang-router on lab4 (port 31300) with the engine of every GPU host as
 its workers; the canary (lab1) alone, out of the fleet router, gated also against the old engines through the fleet
-router in the same window, back in; then the others max_unavailable at a time. Paced clients (concurrency 6, one
-request a second each) go through the fleet router during (a) a switch b15 -> b32 with max_unavailable 2, (b) a
-canary with the simulator's acceptance fault (rolled back, put back, the rollout stops; lab2 and lab3 untouched),
-(c) `make rollback` (playbooks/rollback.yml), and must see no failed request. Once a second the test reads how
-many engines the fleet router lists healthy: the capacity dip of each phase, printed and written to
-build/lab-fleet-results.json. Simulated engine: proves plumbing, not GPU behaviour.
+router in the same window, back in; then the others max_unavailable at a time. tests/lab/test_router.py's paced
+clients (its `Load`: concurrency 8, one request a second each) go through the fleet router during (a) a switch
+b15 -> b32 with max_unavailable 2, (b) a canary with the simulator's acceptance fault (rolled back, put back, the
+rollout stops; lab2 and lab3 untouched), (c) `make rollback` with max_unavailable 2 (playbooks/rollback.yml), and
+must see no failed request. Once a second the load reads how many engines the fleet router lists healthy: the
+capacity dip of each phase, printed and written to build/lab-fleet-results.json. The phases follow each other
+without pauses (no separate baseline window), each on what the one before left. Simulated engine: proves
+plumbing, not GPU behaviour.
 """
 
 from __future__ import annotations
@@ -18,11 +20,7 @@ import dataclasses
 import json
 import subprocess
 import sys
-import threading
-import time
-import urllib.error
 import urllib.request
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -37,13 +35,11 @@ sys.path.insert(0, str(REPO / "collections"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import lab as labmod  # noqa: E402
 from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_router_api as api  # noqa: E402
+from test_router import CONCURRENCY, PACE_S, Load  # noqa: E402  (paced clients, capacity read once a second)
 
 PORT = 31300          # the engines' port on each GPU host and the fleet router's on the router host
 GPU_HOSTS = ("lab1", "lab2", "lab3")
 ROUTER_HOST = "lab4"
-CONCURRENCY = 6
-PACE_S = 1.0
-MAX_SECONDS = 1500
 
 
 def _cfg(name: str) -> str:
@@ -99,83 +95,23 @@ def _active_since(fleet, host: str, unit: str) -> str:
     return fleet.ssh(host, f"systemctl show -p ActiveEnterTimestampMonotonic --value {unit}").stdout.strip()
 
 
-class Load:
-    """Paced clients through the fleet router, and once a second the number of engines it lists healthy."""
-
-    def __init__(self, url: str, key: str):
-        self.url, self.key = url, key
-        self.stop = threading.Event()
-        self.lock = threading.Lock()
-        self.done: list[tuple[float, float, bool, str]] = []   # (end, latency, ok, detail)
-        self.capacity: list[tuple[float, int]] = []           # (time, healthy engines listed)
-        self.t0 = time.monotonic()
-
-    def now(self) -> float:
-        return time.monotonic() - self.t0
-
-    def _client(self, worker: int) -> None:
-        body = json.dumps({"text": f"Write one sentence about the sea ({worker}).",
-                           "sampling_params": {"temperature": 0, "max_new_tokens": 24}}).encode()
-        while not self.stop.is_set() and self.now() < MAX_SECONDS:
-            req = urllib.request.Request(self.url + "/generate", data=body, method="POST",
-                                         headers={"Content-Type": "application/json"})
-            sent = time.monotonic()
-            try:
-                with urllib.request.urlopen(req, timeout=60) as resp:
-                    ok, detail = resp.status == 200 and bool(json.loads(resp.read()).get("text")), str(resp.status)
-            except (urllib.error.URLError, OSError, ValueError) as exc:
-                ok, detail = False, f"{type(exc).__name__}: {exc}"
-            took = time.monotonic() - sent
-            with self.lock:
-                self.done.append((self.now(), took, ok, detail))
-            self.stop.wait(max(0.0, PACE_S - took))
-
-    def _sampler(self) -> None:
-        while not self.stop.wait(1.0) and self.now() < MAX_SECONDS:
-            try:
-                req = urllib.request.Request(self.url + "/workers", headers={"Authorization": f"Bearer {self.key}"})
-                with urllib.request.urlopen(req, timeout=5) as resp:
-                    healthy = sum(1 for w in json.loads(resp.read())["workers"] if w["is_healthy"])
-            except (urllib.error.URLError, OSError, ValueError):
-                healthy = -1
-            with self.lock:
-                self.capacity.append((self.now(), healthy))
-
-    def __enter__(self) -> Load:
-        self.pool = ThreadPoolExecutor(CONCURRENCY + 1)
-        self.futures = [self.pool.submit(self._client, w) for w in range(CONCURRENCY)]
-        self.futures.append(self.pool.submit(self._sampler))
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop.set()
-        for f in self.futures:
-            f.result()
-        self.pool.shutdown()
-
-    def window(self, t_from: float, t_to: float) -> dict:
-        with self.lock:
-            done = [d for d in self.done if t_from <= d[0] < t_to]
-            cap = [c for c in self.capacity if t_from <= c[0] < t_to]
-        lat = sorted(d[1] for d in done if d[2])
-
-        def pct(q: float) -> float | None:
-            return round(lat[min(len(lat) - 1, int(q * len(lat)))], 3) if lat else None
-
-        seconds_at = {n: sum(1 for c in cap if c[1] == n) for n in sorted({c[1] for c in cap})}
-        return {"seconds": round(t_to - t_from, 1), "requests": len(done), "failed": sum(1 for d in done if not d[2]),
-                "first_failures": [d[3] for d in done if not d[2]][:3],
-                "latency_p50_s": pct(0.5), "latency_p95_s": pct(0.95),
-                "min_engines_in_router": min((c[1] for c in cap), default=None),
-                "seconds_at_engines_in_router": seconds_at,
-                "engine_seconds_lost": sum((len(GPU_HOSTS) - c[1]) for c in cap if c[1] >= 0)}
+def _phase(load: Load, t_from: float, t_to: float) -> dict:
+    """test_router's window of the clients and the router, in engines: seconds at each count, engine-seconds lost."""
+    out = load.window(t_from, t_to)
+    out["min_engines_in_router"] = out.pop("min_replicas_in_router")
+    with load.lock:
+        cap = [c[2] for c in load.capacity if t_from <= c[0] < t_to]
+        failures = [d[4] for d in load.done if t_from <= d[0] < t_to and not d[3]]
+    return {**out, "first_failures": failures[:3],
+            "seconds_at_engines_in_router": {n: cap.count(n) for n in sorted(set(cap))},
+            "engine_seconds_lost": sum(len(GPU_HOSTS) - n for n in cap if n >= 0)}
 
 
 def _timed(fleet, load: Load, playbook: str, *args: str) -> tuple[dict, object]:
     start = load.now()
     proc = fleet.ansible_playbook(playbook, *args, check=False, timeout=1200)
     return {"playbook": playbook, "args": list(args[1::2]), "rc": proc.returncode,
-            **load.window(start, load.now())}, proc
+            **_phase(load, start, load.now())}, proc
 
 
 def test_a_fleet_that_does_not_fit_is_refused_before_any_change(fleet):
@@ -209,10 +145,8 @@ def test_fleet_switch_failed_canary_and_rollback_with_no_failed_request(fleet):
 
     phases: dict[str, dict] = {}
     router_since = _active_since(fleet, ROUTER_HOST, f"sglang-router-{PORT}.service")
-    with Load(_router_url(fleet), key) as load:
-        time.sleep(15)
-        phases["baseline"] = load.window(0, load.now())
-
+    router = _router_url(fleet)
+    with Load([router], {router: key}, full=len(GPU_HOSTS)) as load:
         # (a) b15 -> b32: the canary lab1 alone, then lab2 and lab3 together (max_unavailable 2).
         phases["a_switch_b15_to_b32"], proc = _timed(fleet, load, "playbooks/deploy.yml", "-e", _cfg("lab-fleet-b32"),
                                                      "-e", "fleet_max_unavailable=2")
@@ -242,17 +176,17 @@ def test_fleet_switch_failed_canary_and_rollback_with_no_failed_request(fleet):
             assert _active_since(fleet, host, "sglang-lab-fleet-b32.service") == since[host]
         assert _listed(fleet, key) == engines
 
-        # (c) make rollback: each engine out, back to b15, back in, one at a time.
-        phases["c_rollback"], proc = _timed(fleet, load, "playbooks/rollback.yml", "-e", _cfg("lab-fleet-b32"))
+        # (c) make rollback MAX_UNAVAILABLE=2: lab1 and lab2 out, back to b15, back in; then lab3.
+        phases["c_rollback"], proc = _timed(fleet, load, "playbooks/rollback.yml", "-e", _cfg("lab-fleet-b32"),
+                                            "-e", "fleet_max_unavailable=2")
         assert proc.returncode == 0, proc.stdout[-4000:]
         for host in GPU_HOSTS:
             assert f"FLEET ENGINE ROLLED BACK on {host}: {_engine_url(fleet, host)}, out of the fleet router" \
                 in proc.stdout, proc.stdout[-4000:]
             assert _budget(fleet, host) == 15
         assert _listed(fleet, key) == engines
-        time.sleep(5)
 
-    failed = [d for d in load.done if not d[2]]
+    failed = [d for d in load.done if not d[3]]
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps({"requests": len(load.done), "failed": len(failed), "concurrency": CONCURRENCY,
                                    "pace_s": PACE_S, "engines": len(GPU_HOSTS), "phases": phases,
@@ -265,20 +199,37 @@ def test_fleet_switch_failed_canary_and_rollback_with_no_failed_request(fleet):
     assert not failed, f"{len(failed)} of {len(load.done)} requests failed, first: {failed[:3]}"
     for name, phase in phases.items():
         assert phase["requests"] >= 30 and phase["failed"] == 0, (name, phase)
-    # The dip: two engines out at once in the switch's batch, one during the canary and the rollback; never none.
+    # The dip: two engines out at once in the switch's and the rollback's batch of two, one during the canary; never
+    # none.
     assert phases["a_switch_b15_to_b32"]["min_engines_in_router"] == 1, phases["a_switch_b15_to_b32"]
     assert phases["b_failed_canary"]["min_engines_in_router"] == 2, phases["b_failed_canary"]
-    assert phases["c_rollback"]["min_engines_in_router"] == 2, phases["c_rollback"]
+    assert phases["c_rollback"]["min_engines_in_router"] == 1, phases["c_rollback"]
     # The fleet router never restarted through all of it.
     assert _active_since(fleet, ROUTER_HOST, f"sglang-router-{PORT}.service") == router_since
     # make status names the fleet router and its engines.
     status = fleet.ansible_playbook("playbooks/status.yml", timeout=600)
     assert (f"{ROUTER_HOST} fleet router: sglang-router-{PORT}.service active on {fleet.address(ROUTER_HOST)}:{PORT}: "
             "3 of 3 replica(s) healthy in the router") in status.stdout, status.stdout[-3000:]
-    # testinfra's router checks (user, hardening, the pinned wheel, listeners, every engine healthy) hold on the
-    # router host as on a GPU host's router.
-    verify = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
-                             "tests/infra/test_router.py", "--hosts=ansible://routers",
-                             f"--ansible-inventory={fleet.inventory}"], cwd=REPO, env=fleet.ansible_env(), text=True,
-                            capture_output=True, timeout=600, stdin=subprocess.DEVNULL)
-    assert verify.returncode == 0 and "4 passed" in verify.stdout, verify.stdout[-3000:] + verify.stderr[-2000:]
+    # make verify's testinfra run on the group routers (the Makefile runs gpu_hosts and routers in one run): on the
+    # router host only the router checks run (user, hardening, the pinned wheel, listeners, every engine healthy, and
+    # the engine of every GPU host listed); the engine and driver checks are left out there.
+    verify = _verify_routers(fleet, fleet.inventory)
+    assert verify.returncode == 0 and "5 passed" in verify.stdout and "failed" not in verify.stdout, \
+        verify.stdout[-3000:] + verify.stderr[-2000:]
+    # A GPU host whose engine the fleet router does not list fails it, named (an inventory with one more GPU host).
+    inv = yaml.safe_load(fleet.inventory.read_text())
+    inv["all"]["children"]["gpu_hosts"]["hosts"]["lab9"] = {"ansible_host": "127.0.42.99",
+                                                             "sglang_bind_address": "127.0.42.99"}
+    bigger = fleet.inventory.with_name("inventory-fleet-lab9.yml")
+    bigger.write_text(yaml.safe_dump(inv, sort_keys=False))
+    verify = _verify_routers(fleet, bigger)
+    assert verify.returncode != 0, verify.stdout[-3000:]
+    assert (f"sglang-router-{PORT}.service: lists no engine of lab9 (expected http://127.0.42.99:{PORT}): that "
+            "engine gets no traffic through this fleet router") in verify.stdout, verify.stdout[-3000:]
+
+
+def _verify_routers(fleet, inventory: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rs", "tests/infra",
+                           "--hosts=ansible://routers", f"--ansible-inventory={inventory}"], cwd=REPO,
+                          env=fleet.ansible_env(), text=True, capture_output=True, timeout=600,
+                          stdin=subprocess.DEVNULL)

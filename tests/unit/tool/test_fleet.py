@@ -36,6 +36,27 @@ def test_the_lab_fleet_plan():
     assert got["line"].endswith("the canary (lab1) first, then 2 at a time")
 
 
+def test_two_router_hosts_each_list_every_engine():
+    """A router pair (issue 37, more than one router host): each router runs on its own address with every engine as
+    its workers; the first is the one the canary's same-window gate reads (any of them serves the old engines)."""
+    pair = LAB_ROUTER + [H("lab5", "127.0.42.15", "127.0.42.15")]
+    got = fleet.plan(_cfg("lab-fleet-b15"), LAB_ENGINES, pair, "2")
+    assert [r["host"] for r in got["routers"]] == ["lab4", "lab5"]
+    assert [r["url"] for r in got["routers"]] == ["http://127.0.42.14:31300", "http://127.0.42.15:31300"]
+    assert got["router"] == got["routers"][0]
+    assert got["routers"][1]["unit_name"] == "sglang-router-31300.service"
+    assert got["workers"] == ["http://127.0.42.11:31300", "http://127.0.42.12:31300", "http://127.0.42.13:31300"]
+    assert got["line"] == ("3 engine(s) of lab-fleet-b15 behind 2 fleet routers, on lab4 (http://127.0.42.14:31300) "
+                           "and lab5 (http://127.0.42.15:31300): the canary (lab1) first, then 2 at a time")
+    one = fleet.plan(_cfg("lab-fleet-b15"), LAB_ENGINES, LAB_ROUTER, "2")
+    assert one["line"].startswith("3 engine(s) of lab-fleet-b15 behind the fleet router on lab4 (http://127.0.42.14:31300)")
+
+
+def test_no_router_host_is_refused():
+    with pytest.raises(fleet.FleetError, match=r"^inventory group routers has no host"):
+        fleet.plan(_cfg("lab-fleet-b15"), LAB_ENGINES, [])
+
+
 def test_engines_on_every_address_are_reached_where_ansible_reaches_them():
     engines = [H("gpu1", "10.0.0.11", "0.0.0.0"), H("gpu2", "10.0.0.12", "0.0.0.0")]
     cfg = _cfg("lab-engine-key")  # names serving.api_key_secret: a non-loopback bind is allowed
@@ -64,9 +85,14 @@ def test_a_bad_max_unavailable_is_refused(text):
      r"^hosts g1 and g2: both engines of lab-fleet-b15 would be http://127\.0\.0\.1:31300"),
     (LAB_ENGINES, LAB_ROUTER, "lab-replicas-b15",
      r"^config lab-replicas-b15: serving\.replicas 2 with a per-host router is not allowed behind the fleet router"),
-    (LAB_ENGINES, LAB_ROUTER + [H("lab5", "127.0.42.15")], "lab-fleet-b15",
-     r"^inventory group routers has 2 host\(s\) \(lab4, lab5\): one fleet router host is supported"),
     (LAB_ENGINES, [LAB_ENGINES[0]], "lab-fleet-b15", r"^host lab1 is in both gpu_hosts and routers"),
+    (LAB_ENGINES, LAB_ROUTER + [LAB_ENGINES[1]], "lab-fleet-b15", r"^host lab2 is in both gpu_hosts and routers"),
+    (LAB_ENGINES, LAB_ROUTER + [H("lab5", "127.0.42.15", "127.0.42.14")], "lab-fleet-b15",
+     r"^hosts lab4 and lab5: both fleet routers of lab-fleet-b15 would be http://127\.0\.42\.14:31300"),
+    ([H("g1", "127.0.0.11"), H("g2", "127.0.0.12")], [H("r1", "127.0.0.1"), H("r2", "10.0.0.3", "10.0.0.3")],
+     "lab-fleet-b15",
+     r"^host g1: the engine of lab-fleet-b15 binds 127\.0\.0\.1 \(loopback\), which the fleet router on r2 "
+     r"\(10\.0\.0\.3\) cannot reach"),
     ([], LAB_ROUTER, "lab-fleet-b15", r"^inventory group gpu_hosts has no host"),
 ])
 def test_a_fleet_that_does_not_fit_is_refused(engines, routers, config, match):
