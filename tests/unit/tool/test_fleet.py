@@ -118,3 +118,45 @@ def test_the_deploy_refuses_an_unreachable_fleet_before_any_host_is_touched(tmp_
             "the fleet router on router1 (192.0.2.3) cannot reach") in proc.stdout, proc.stdout[-3000:]
     assert not re.search(r"^gpu[12]\s+:", proc.stdout, re.M) and "UNREACHABLE" not in proc.stdout, proc.stdout[-3000:]
     assert "Traceback" not in proc.stdout + proc.stderr
+
+
+def _play(tmp_path, routers: dict, *extra: str, gpu_net: str = "192.0.2") -> subprocess.CompletedProcess:
+    """playbooks/deploy.yml over GPU hosts nothing may connect to (ssh to addresses nobody answers) and local router
+    hosts (name -> address, also their sglang_bind_address)."""
+    inv = tmp_path / "inventory.yml"
+    gpus = {f"gpu{i}": {"ansible_host": f"{gpu_net}.{i}", "sglang_bind_address": f"{gpu_net}.{i}",
+                        "ansible_connection": "ssh", "gpu_count": 8} for i in (1, 2)}
+    local = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
+    inv.write_text(yaml.safe_dump({"all": {"children": {
+        "gpu_hosts": {"hosts": gpus},
+        "routers": {"hosts": {name: {"ansible_host": addr, "sglang_bind_address": addr, **local}
+                              for name, addr in routers.items()}}}}}))
+    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1")
+    return subprocess.run([str(BIN / "ansible-playbook"), "-i", str(inv), "playbooks/deploy.yml", "-e",
+                           f"config={LAB / 'lab-fleet-b15.yml'}", *extra], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=300, check=False, stdin=subprocess.DEVNULL)
+
+
+def test_a_router_pair_is_refused_in_one_line_before_any_host_is_touched(tmp_path):
+    """Two router hosts: the plan is made once, so a fleet that does not fit is one FLEET REFUSED line, not one a
+    router host (before: two router hosts were themselves refused)."""
+    proc = _play(tmp_path, {"router1": "192.0.2.3", "router2": "192.0.2.4"}, "-e", "fleet_max_unavailable=5")
+    assert proc.returncode != 0
+    refused = [line for line in proc.stdout.splitlines() if line.startswith("fatal:") and "FLEET REFUSED" in line]
+    assert len(refused) == 1 and refused[0].startswith("fatal: [router1]"), proc.stdout[-3000:]
+    assert "FLEET REFUSED before any change: max_unavailable '5' is not allowed: use a whole number from 1 to 1" \
+        in refused[0], refused
+    assert not re.search(r"^gpu[12]\s+:", proc.stdout, re.M) and "UNREACHABLE" not in proc.stdout, proc.stdout[-3000:]
+    assert "Traceback" not in proc.stdout + proc.stderr
+
+
+def test_a_limit_without_every_router_host_is_refused_before_any_change(tmp_path):
+    """LIMIT names the GPU hosts and one router of a pair: the engines' play stops on its first task (an assert,
+    which connects to nothing), naming the router host that did not plan."""
+    proc = _play(tmp_path, {"router1": "127.0.0.3", "router2": "127.0.0.4"}, "--limit", "gpu1,gpu2,router1",
+                 gpu_net="127.0.0")
+    assert proc.returncode != 0
+    assert ("FLEET REFUSED before any change: the fleet router's host router2 did not plan the fleet (it is not in "
+            "LIMIT): name it too, e.g. LIMIT=gpu1,router1,router2") in proc.stdout, proc.stdout[-3000:]
+    assert "FLEET PLAN: 2 engine(s) of lab-fleet-b15 behind 2 fleet routers" in proc.stdout, proc.stdout[-3000:]
+    assert "UNREACHABLE" not in proc.stdout and "Traceback" not in proc.stdout + proc.stderr
