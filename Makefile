@@ -230,11 +230,12 @@ build: $(STAMP) ## Build the wheel for CONFIG and install the release on the hos
 	$(need_hosts)
 	$(ANSIBLE_PLAYBOOK) -i "$$INV" $(LIMIT_ARG) playbooks/build.yml -e config="$$CONFIG"
 
-verify: $(STAMP) ## Run the testinfra checks in tests/infra/ against INVENTORY
+# The GPU hosts, and the fleet router's host(s) of the group routers where the inventory has one (router checks only).
+verify: $(STAMP) ## Run the testinfra checks in tests/infra/ against INVENTORY (gpu_hosts and routers)
 	$(maybe_config)
 	$(ensure_lab)
 	@$(SGDEPLOY) hosts -q --inventory "$$INV"
-	$(PYTEST) -p no:cacheprovider tests/infra --hosts=ansible://gpu_hosts --ansible-inventory="$$INV" \
+	$(PYTEST) -p no:cacheprovider tests/infra --hosts=ansible://gpu_hosts,ansible://routers --ansible-inventory="$$INV" \
 		$${CONFIG:+--config="$$CONFIG"}
 
 sweep: $(STAMP) ## Sweep CONFIG over BUDGETS (and TOPK_CAPS) on one host; report in reports/sweeps/

@@ -1,11 +1,11 @@
-"""The fleet router (issue 37 deliver 1): one sglang-router on a host of the inventory group ``routers`` in front
-of the engine of a config on every GPU host (docs/router.md, "The fleet router").
+"""The fleet router (issue 37 deliver 1): an sglang-router on each host of the inventory group ``routers`` (one, or
+more for HA), each in front of the engine of a config on every GPU host (docs/router.md, "The fleet router").
 
 ``plan`` is what the deploy and the rollback ask of the controller before they touch any host: each GPU host's
-engine URL (the config's layout at that host's bind address), the fleet router's address and ports, and how many
+engine URL (the config's layout at that host's bind address), each fleet router's address and ports, and how many
 engines a batch takes out at once (``max_unavailable``). It refuses, in one line naming the thing, the value and
 what is allowed, a fleet the router could not reach or that would not fit: an engine bound to loopback while the
-router runs on another host, two engines with one URL, a config with its own per-host router, a bad
+router runs on another host, two engines (or two routers) with one URL, a config with its own per-host router, a bad
 ``max_unavailable``. The action plugin ``sgdeploy.host.controller_fleet`` calls it in-process.
 """
 
@@ -56,23 +56,42 @@ def batch_size(text: str, engines: int) -> int:
     return value
 
 
+def _router(config: spec.Config, host: Host, release: str) -> dict:
+    """One fleet router: its host, address, ports, unit and URL (the config's serving.port at its bind address)."""
+    settings = render.HostSettings(release_label=release, bind_address=host.bind_address or None)
+    return {"host": host.name, "bind_address": render.bind_address(config, settings), "port": config.serving.port,
+            "metrics_port": config.serving.port - 1, "unit_name": f"sglang-router-{config.serving.port}.service",
+            "url": controller.service_url(config, settings)}
+
+
 def plan(config: spec.Config, engines: list[Host], routers: list[Host], max_unavailable: str = "",
          release: str = "stock") -> dict:
-    """The fleet of ``config``: engines (one per GPU host), the router and the batch size; FleetError if refused."""
-    if len(routers) != 1:
-        raise FleetError(f"inventory group routers has {len(routers)} host(s) ({', '.join(h.name for h in routers)}): "
-                         "one fleet router host is supported (leave the group out for a router per GPU host)")
+    """The fleet of ``config``: engines (one per GPU host), its routers (each in front of every engine) and the batch
+    size; FleetError if refused."""
+    if not routers:
+        raise FleetError("inventory group routers has no host: name the fleet router's host(s) there, or leave the "
+                         "group out for a router per GPU host")
     if not engines:
         raise FleetError("inventory group gpu_hosts has no host: the fleet router needs at least one engine")
     if config.serving.router:
         raise FleetError(f"config {config.name}: serving.replicas {config.serving.replicas} with a per-host router "
                          "is not allowed behind the fleet router: use serving.replicas 1 (one engine per GPU host, "
                          "each a worker of the fleet router), or leave the routers group out of the inventory")
-    router = routers[0]
+    router_names = {r.name for r in routers}
+    out_routers = []
+    seen_router: dict[str, str] = {}
+    for r in routers:
+        entry = _router(config, r, release)
+        if entry["url"] in seen_router:
+            raise FleetError(f"hosts {seen_router[entry['url']]} and {r.name}: both fleet routers of {config.name} "
+                             f"would be {entry['url']}: each router host needs its own bind address "
+                             "(sglang_bind_address)")
+        seen_router[entry["url"]] = r.name
+        out_routers.append(entry)
     out_engines = []
     seen: dict[str, str] = {}
     for host in engines:
-        if host.name == router.name:
+        if host.name in router_names:
             raise FleetError(f"host {host.name} is in both gpu_hosts and routers: the fleet router runs on a host of "
                              "its own (leave the routers group out to run a router on each GPU host)")
         settings = render.HostSettings(release_label=release, bind_address=host.bind_address or None)
@@ -82,10 +101,11 @@ def plan(config: spec.Config, engines: list[Host], routers: list[Host], max_unav
             url = f"http://{host.ansible_host}:{config.serving.port}"
         else:
             url = controller.service_url(config, settings)
-        if _is_loopback(address) and not (_is_loopback(host.ansible_host) and _is_loopback(router.ansible_host)):
+        far = [r for r in routers if not (_is_loopback(host.ansible_host) and _is_loopback(r.ansible_host))]
+        if _is_loopback(address) and far:
             raise FleetError(
                 f"host {host.name}: the engine of {config.name} binds {address} (loopback), which the fleet router "
-                f"on {router.name} ({router.ansible_host}) cannot reach: set serving.host or the host's "
+                f"on {far[0].name} ({far[0].ansible_host}) cannot reach: set serving.host or the host's "
                 "sglang_bind_address to an address the router host reaches (with serving.api_key_secret), "
                 "or leave the routers group out")
         if url in seen:
@@ -93,20 +113,21 @@ def plan(config: spec.Config, engines: list[Host], routers: list[Host], max_unav
                              "each GPU host needs its own bind address (sglang_bind_address) behind the fleet router")
         seen[url] = host.name
         out_engines.append({"host": host.name, "url": url, "name": config.name})
-    r_settings = render.HostSettings(release_label=release, bind_address=router.bind_address or None)
-    r_address = render.bind_address(config, r_settings)
     batch = batch_size(max_unavailable, len(out_engines))
+    where = (f"the fleet router on {out_routers[0]['host']} ({out_routers[0]['url']})" if len(out_routers) == 1 else
+             f"{len(out_routers)} fleet routers, on "
+             + ", ".join(f"{r['host']} ({r['url']})" for r in out_routers[:-1])
+             + f" and {out_routers[-1]['host']} ({out_routers[-1]['url']})")
     return {
         "config": config.name,
         "engines": out_engines,
         "workers": [e["url"] for e in out_engines],
-        "router": {"host": router.name, "bind_address": r_address, "port": config.serving.port,
-                   "metrics_port": config.serving.port - 1,
-                   "unit_name": f"sglang-router-{config.serving.port}.service",
-                   "url": controller.service_url(config, r_settings)},
+        # The first router (the canary's same-window gate reads the old engines through it); each router host's own
+        # entry is in routers.
+        "router": out_routers[0],
+        "routers": out_routers,
         "max_unavailable": batch,
         "api_key_secret": config.serving.api_key_secret or "",
-        "line": (f"{len(out_engines)} engine(s) of {config.name} behind the fleet router on {router.name} "
-                 f"({controller.service_url(config, r_settings)}): the canary "
+        "line": (f"{len(out_engines)} engine(s) of {config.name} behind {where}: the canary "
                  f"({out_engines[0]['host']}) first, then {batch} at a time"),
     }

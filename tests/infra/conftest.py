@@ -1,6 +1,6 @@
 """Shared fixtures of the testinfra checks (`make verify`).
 
-    pytest tests/infra --hosts=ansible://gpu_hosts --ansible-inventory=INVENTORY [--config=NAME]
+    pytest tests/infra --hosts=ansible://gpu_hosts,ansible://routers --ansible-inventory=INVENTORY [--config=NAME]
 
 `--config NAME` (repeatable, or comma-separated) names the configs whose service is checked on every
 host. Without it, each host is checked for every config that its deploy state says runs there
@@ -9,7 +9,8 @@ and says why. The driver checks (test_nvidia.py) do not use these fixtures.
 
 A host without the NVIDIA driver package (never provisioned: `make deploy` alone does not provision)
 does not run the driver checks, which would all fail: the run ends with one line naming those hosts
-and `make provision`, and exits 1 (the driver was not verified).
+and `make provision`, and exits 1 (the driver was not verified). A fleet router's host (inventory group
+routers, not gpu_hosts) runs only the router checks (test_router.py): no engine, no GPU there.
 """
 
 from __future__ import annotations
@@ -66,23 +67,44 @@ def _unprovisioned(host) -> str | None:
     return f"{package} is not installed"
 
 
+def router_only(host) -> bool:
+    """A host of the inventory group routers and not of gpu_hosts (a fleet router's host, docs/router.md): it runs no
+    engine and has no GPU, so only the router checks (test_router.py) apply to it."""
+    try:
+        groups = host.ansible.get_variables().get("group_names", [])
+    except Exception:  # noqa: BLE001 - unreachable or misconfigured: let the checks say it
+        return False
+    return "routers" in groups and "gpu_hosts" not in groups
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(session, config, items):
-    """Leave out the driver checks of hosts that were never provisioned (one line at the end says so)."""
+    """Leave out the driver checks of hosts that were never provisioned (one line at the end says so), and the
+    engine and driver checks of a fleet router's host (`make verify` checks the group routers too)."""
     checked: dict[str, str | None] = {}
-    keep, dropped = [], []
+    routers: dict[str, bool] = {}
+    keep, dropped, not_here = [], [], []
     for item in items:
         host = getattr(item, "callspec", None) and item.callspec.params.get("_testinfra_host")
-        if item.path.name != "test_nvidia.py" or host is None:
+        if host is None or item.path.name not in ("test_nvidia.py", "test_service.py"):
             keep.append(item)
             continue
         name = host_name(host)
+        if name not in routers:
+            routers[name] = router_only(host)
+        if routers[name]:
+            not_here.append(item)
+            continue
+        if item.path.name != "test_nvidia.py":
+            keep.append(item)
+            continue
         if name not in checked:
             checked[name] = _unprovisioned(host)
         (dropped if checked[name] else keep).append(item)
-    if dropped:
+    if dropped or not_here:
         items[:] = keep
-        config.hook.pytest_deselected(items=dropped)
+        config.hook.pytest_deselected(items=dropped + not_here)
+    if dropped:
         setattr(config, NOT_PROVISIONED, {n: why for n, why in checked.items() if why})
 
 

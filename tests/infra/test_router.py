@@ -159,3 +159,33 @@ def test_router_worker_api_needs_its_admin_key(host, routers):
         if key and (key in unit_text or key in argv):
             problems.append(f"{r['unit']}: its admin key is in the unit file or the process's argv")
     report(problems)
+
+
+def test_a_fleet_router_lists_the_engine_of_every_gpu_host(host, routers):
+    """On a host of the inventory group routers (docs/router.md, "The fleet router"), each router's unit names exactly
+    one engine of every host of gpu_hosts (at its sglang_bind_address, else where Ansible reaches it, on the router's
+    port) and nothing else; the check above then holds the router's live list to its unit's. A GPU host's own router
+    (replicas behind it) is not a fleet router: skipped."""
+    hostvars = host.ansible.get_variables()
+    if "routers" not in hostvars.get("group_names", []):
+        pytest.skip("not a fleet router host (inventory group routers)")
+    runner = host.backend.ansible_runner
+    gpu_hosts = hostvars.get("groups", {}).get("gpu_hosts", [])
+    problems = []
+    if not gpu_hosts:
+        problems.append("inventory group gpu_hosts has no host: the fleet router has no engine to list")
+    for r in routers:
+        listed = {u.rstrip("/") for u in r["workers"]}
+        claimed: set[str] = set()
+        for name in gpu_hosts:
+            hv = runner.get_variables(name)
+            addresses = [a for a in (hv.get("sglang_bind_address"), hv.get("ansible_host"), name) if a]
+            want = [f"http://{a}:{r['port']}" for a in dict.fromkeys(addresses)]
+            found = [u for u in want if u in listed]
+            if not found:
+                problems.append(f"{r['unit']}: lists no engine of {name} (expected {want[0]}): that engine gets no "
+                                "traffic through this fleet router")
+            claimed.update(found)
+        problems += [f"{r['unit']}: lists {u}, which is the engine of no host of gpu_hosts"
+                     for u in sorted(listed - claimed)]
+    report(problems)

@@ -50,9 +50,10 @@ class Load:
     """Paced requests at a fixed concurrency through every host's router until stopped (or a bound),
     and once a second, how many replicas each router lists healthy (its capacity)."""
 
-    def __init__(self, routers: list[str], keys: dict[str, str]):
+    def __init__(self, routers: list[str], keys: dict[str, str], full: int = len(REPLICA_PORTS)):
         self.routers = routers
         self.keys = keys  # router URL -> its admin key (the worker API answers 401 without it)
+        self.full = full  # workers each router lists healthy at full capacity
         self.stop = threading.Event()
         self.lock = threading.Lock()
         self.done: list[tuple[float, float, str, bool, str]] = []   # (end, latency, router, ok, detail)
@@ -122,7 +123,7 @@ class Load:
         def pct(q: float) -> float | None:
             return round(lat[min(len(lat) - 1, int(q * len(lat)))], 3) if lat else None
 
-        reduced = {url: sum(1 for c in cap if c[1] == url and c[2] < len(REPLICA_PORTS)) for url in self.routers}
+        reduced = {url: sum(1 for c in cap if c[1] == url and c[2] < self.full) for url in self.routers}
         return {"seconds": round(t_to - t_from, 1), "requests": len(done), "failed": sum(1 for d in done if not d[3]),
                 "latency_p50_s": pct(0.5), "latency_p95_s": pct(0.95),
                 "min_replicas_in_router": min((c[2] for c in cap), default=None),

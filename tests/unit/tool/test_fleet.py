@@ -36,6 +36,27 @@ def test_the_lab_fleet_plan():
     assert got["line"].endswith("the canary (lab1) first, then 2 at a time")
 
 
+def test_two_router_hosts_each_list_every_engine():
+    """A router pair (issue 37, more than one router host): each router runs on its own address with every engine as
+    its workers; the first is the one the canary's same-window gate reads (any of them serves the old engines)."""
+    pair = LAB_ROUTER + [H("lab5", "127.0.42.15", "127.0.42.15")]
+    got = fleet.plan(_cfg("lab-fleet-b15"), LAB_ENGINES, pair, "2")
+    assert [r["host"] for r in got["routers"]] == ["lab4", "lab5"]
+    assert [r["url"] for r in got["routers"]] == ["http://127.0.42.14:31300", "http://127.0.42.15:31300"]
+    assert got["router"] == got["routers"][0]
+    assert got["routers"][1]["unit_name"] == "sglang-router-31300.service"
+    assert got["workers"] == ["http://127.0.42.11:31300", "http://127.0.42.12:31300", "http://127.0.42.13:31300"]
+    assert got["line"] == ("3 engine(s) of lab-fleet-b15 behind 2 fleet routers, on lab4 (http://127.0.42.14:31300) "
+                           "and lab5 (http://127.0.42.15:31300): the canary (lab1) first, then 2 at a time")
+    one = fleet.plan(_cfg("lab-fleet-b15"), LAB_ENGINES, LAB_ROUTER, "2")
+    assert one["line"].startswith("3 engine(s) of lab-fleet-b15 behind the fleet router on lab4 (http://127.0.42.14:31300)")
+
+
+def test_no_router_host_is_refused():
+    with pytest.raises(fleet.FleetError, match=r"^inventory group routers has no host"):
+        fleet.plan(_cfg("lab-fleet-b15"), LAB_ENGINES, [])
+
+
 def test_engines_on_every_address_are_reached_where_ansible_reaches_them():
     engines = [H("gpu1", "10.0.0.11", "0.0.0.0"), H("gpu2", "10.0.0.12", "0.0.0.0")]
     cfg = _cfg("lab-engine-key")  # names serving.api_key_secret: a non-loopback bind is allowed
@@ -64,9 +85,14 @@ def test_a_bad_max_unavailable_is_refused(text):
      r"^hosts g1 and g2: both engines of lab-fleet-b15 would be http://127\.0\.0\.1:31300"),
     (LAB_ENGINES, LAB_ROUTER, "lab-replicas-b15",
      r"^config lab-replicas-b15: serving\.replicas 2 with a per-host router is not allowed behind the fleet router"),
-    (LAB_ENGINES, LAB_ROUTER + [H("lab5", "127.0.42.15")], "lab-fleet-b15",
-     r"^inventory group routers has 2 host\(s\) \(lab4, lab5\): one fleet router host is supported"),
     (LAB_ENGINES, [LAB_ENGINES[0]], "lab-fleet-b15", r"^host lab1 is in both gpu_hosts and routers"),
+    (LAB_ENGINES, LAB_ROUTER + [LAB_ENGINES[1]], "lab-fleet-b15", r"^host lab2 is in both gpu_hosts and routers"),
+    (LAB_ENGINES, LAB_ROUTER + [H("lab5", "127.0.42.15", "127.0.42.14")], "lab-fleet-b15",
+     r"^hosts lab4 and lab5: both fleet routers of lab-fleet-b15 would be http://127\.0\.42\.14:31300"),
+    ([H("g1", "127.0.0.11"), H("g2", "127.0.0.12")], [H("r1", "127.0.0.1"), H("r2", "10.0.0.3", "10.0.0.3")],
+     "lab-fleet-b15",
+     r"^host g1: the engine of lab-fleet-b15 binds 127\.0\.0\.1 \(loopback\), which the fleet router on r2 "
+     r"\(10\.0\.0\.3\) cannot reach"),
     ([], LAB_ROUTER, "lab-fleet-b15", r"^inventory group gpu_hosts has no host"),
 ])
 def test_a_fleet_that_does_not_fit_is_refused(engines, routers, config, match):
@@ -92,3 +118,45 @@ def test_the_deploy_refuses_an_unreachable_fleet_before_any_host_is_touched(tmp_
             "the fleet router on router1 (192.0.2.3) cannot reach") in proc.stdout, proc.stdout[-3000:]
     assert not re.search(r"^gpu[12]\s+:", proc.stdout, re.M) and "UNREACHABLE" not in proc.stdout, proc.stdout[-3000:]
     assert "Traceback" not in proc.stdout + proc.stderr
+
+
+def _play(tmp_path, routers: dict, *extra: str, gpu_net: str = "192.0.2") -> subprocess.CompletedProcess:
+    """playbooks/deploy.yml over GPU hosts nothing may connect to (ssh to addresses nobody answers) and local router
+    hosts (name -> address, also their sglang_bind_address)."""
+    inv = tmp_path / "inventory.yml"
+    gpus = {f"gpu{i}": {"ansible_host": f"{gpu_net}.{i}", "sglang_bind_address": f"{gpu_net}.{i}",
+                        "ansible_connection": "ssh", "gpu_count": 8} for i in (1, 2)}
+    local = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
+    inv.write_text(yaml.safe_dump({"all": {"children": {
+        "gpu_hosts": {"hosts": gpus},
+        "routers": {"hosts": {name: {"ansible_host": addr, "sglang_bind_address": addr, **local}
+                              for name, addr in routers.items()}}}}}))
+    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1")
+    return subprocess.run([str(BIN / "ansible-playbook"), "-i", str(inv), "playbooks/deploy.yml", "-e",
+                           f"config={LAB / 'lab-fleet-b15.yml'}", *extra], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=300, check=False, stdin=subprocess.DEVNULL)
+
+
+def test_a_router_pair_is_refused_in_one_line_before_any_host_is_touched(tmp_path):
+    """Two router hosts: the plan is made once, so a fleet that does not fit is one FLEET REFUSED line, not one a
+    router host (before: two router hosts were themselves refused)."""
+    proc = _play(tmp_path, {"router1": "192.0.2.3", "router2": "192.0.2.4"}, "-e", "fleet_max_unavailable=5")
+    assert proc.returncode != 0
+    refused = [line for line in proc.stdout.splitlines() if line.startswith("fatal:") and "FLEET REFUSED" in line]
+    assert len(refused) == 1 and refused[0].startswith("fatal: [router1]"), proc.stdout[-3000:]
+    assert "FLEET REFUSED before any change: max_unavailable '5' is not allowed: use a whole number from 1 to 1" \
+        in refused[0], refused
+    assert not re.search(r"^gpu[12]\s+:", proc.stdout, re.M) and "UNREACHABLE" not in proc.stdout, proc.stdout[-3000:]
+    assert "Traceback" not in proc.stdout + proc.stderr
+
+
+def test_a_limit_without_every_router_host_is_refused_before_any_change(tmp_path):
+    """LIMIT names the GPU hosts and one router of a pair: the engines' play stops on its first task (an assert,
+    which connects to nothing), naming the router host that did not plan."""
+    proc = _play(tmp_path, {"router1": "127.0.0.3", "router2": "127.0.0.4"}, "--limit", "gpu1,gpu2,router1",
+                 gpu_net="127.0.0")
+    assert proc.returncode != 0
+    assert ("FLEET REFUSED before any change: the fleet router's host router2 did not plan the fleet (it is not in "
+            "LIMIT): name it too, e.g. LIMIT=gpu1,router1,router2") in proc.stdout, proc.stdout[-3000:]
+    assert "FLEET PLAN: 2 engine(s) of lab-fleet-b15 behind 2 fleet routers" in proc.stdout, proc.stdout[-3000:]
+    assert "UNREACHABLE" not in proc.stdout and "Traceback" not in proc.stdout + proc.stderr

@@ -258,6 +258,16 @@ def test_a_limit_that_matches_runs_the_play(recorded, tmp_path):
     assert proc.returncode == 0 and calls[0][:3] == ["pytest", "-p", "no:cacheprovider"], (proc.stderr, calls)
 
 
+def test_verify_checks_the_fleet_routers_host_too(recorded, tmp_path):
+    """Before: `make verify` ran testinfra on gpu_hosts only; a fleet router's host (group routers) was never
+    checked. Now the same run takes both groups (testinfra runs only the router checks on a router host)."""
+    inventory = tmp_path / "inv.yml"
+    inventory.write_text(INVENTORY)
+    proc, calls = recorded("verify", f"INVENTORY={inventory}", real_sgdeploy=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "--hosts=ansible://gpu_hosts,ansible://routers" in calls[0], calls
+
+
 # --- SERIAL (issue 34) ----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("value", ["abc", "0", "-1", "1.5", "0%", "101%", "", "1 2", "01"])
