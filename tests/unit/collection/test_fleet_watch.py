@@ -69,10 +69,11 @@ def test_the_canary_is_out_of_the_fleet_routers_for_its_gates_and_back_in_only_f
                                                    "Put the engine back into every fleet router"))
     assert out < deploy < back
     for i in (out, back):
-        assert main[i]["loop"] == "{{ sglang_fleet__routers }}" and main[i]["delegate_to"] == "{{ item.host }}"
+        assert main[i]["loop"] == "{{ sglang_fleet__routers | default([]) }}"
+        assert main[i]["delegate_to"] == "{{ item.host | default(inventory_hostname) }}"
     # A failed deploy (its watch included): put back only into the routers this step took it out of, then stop.
     put, stop = _named(main, "Put the rolled-back engine back"), _named(main, "Stop the rollout")
-    assert back < put < stop and main[put]["loop"] == "{{ sglang_fleet__out_of }}"
+    assert back < put < stop and main[put]["loop"] == "{{ sglang_fleet__out_of | default([]) }}"
 
 
 def test_the_watch_puts_the_canary_in_first_and_takes_a_failed_one_out_before_its_rollback():
@@ -84,8 +85,8 @@ def test_the_watch_puts_the_canary_in_first_and_takes_a_failed_one_out_before_it
     rescue_out = _named(watch, "Take the canary out of the router(s) before the rollback")
     assert put_in < start < take_out < fail
     for i in (put_in, take_out, rescue_out):
-        assert watch[i]["loop"] == "{{ sglang_deploy__watch_routers }}", watch[i]
-        assert watch[i]["delegate_to"] == "{{ item.host }}", watch[i]
+        assert watch[i]["loop"] == "{{ sglang_deploy__watch_routers | default([]) }}", watch[i]
+        assert watch[i]["delegate_to"] == "{{ item.host | default(inventory_hostname) }}", watch[i]
     assert watch[take_out]["when"] == "sglang_deploy__watch.result == 'failed'"
     assert watch[put_in]["sgdeploy.host.sglang_router_workers"]["present"] == ["{{ sglang_deploy__watch_worker }}"]
     assert watch[take_out]["sgdeploy.host.sglang_router_workers"]["absent"] == ["{{ sglang_deploy__watch_worker }}"]
