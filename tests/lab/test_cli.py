@@ -44,7 +44,9 @@ def test_tunnel_forwards_a_local_port_to_the_service_address_on_the_host(lab, tm
                 time.sleep(0.5)
         assert body.strip() == "tunnel-probe-ok"
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=30) == 0
+        # Ctrl-C closes it: its threads and the SSH transport are joined with bounded waits (tunnel.forward), which
+        # took over 30 s on a loaded 2-core CI check (2026-12-05); 90 s bounds it and still fails a tunnel that hangs.
+        assert proc.wait(timeout=90) == 0
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -90,7 +92,9 @@ def test_tunnel_reaches_a_host_through_another_as_its_proxyjump(lab, tmp_path):
                 time.sleep(0.5)
         assert body.strip() == "via-lab1-ok"
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=30) == 0
+        # Ctrl-C closes it: its threads and the SSH transport are joined with bounded waits (tunnel.forward), which
+        # took over 30 s on a loaded 2-core CI check (2026-12-05); 90 s bounds it and still fails a tunnel that hangs.
+        assert proc.wait(timeout=90) == 0
     finally:
         if proc.poll() is None:
             proc.kill()
