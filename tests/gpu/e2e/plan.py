@@ -213,13 +213,25 @@ SCHEDULE = (
     Server("sched-k8-onegraph", "ddtree-b64", 64, 8, budget_schedule=SCHEDULE_ENTRIES, tags=("schedule",),
            max_running=16, env=(("SGLANG_DDTREE_SCHEDULE_GRAPHS", "0"),)),
 )
+# Issue 38 item 3 ("derive", session 20): the schedule derived on this machine from this run's own timings. AR, DFLASH
+# 16 (the control), DDTREE 15 / 32 / 64 at cap 8 and the guessed schedule 1:64,4:32,8:15 start together and are timed
+# as in "schedule"; then the runner derives the schedule from the three fixed budgets' timings with the project's own
+# sgdeploy.schedule.derive (derive.py), starts "sched-derived" with it (held back until then; its plan flags are the
+# placeholder schedule, replaced), checks it against AR and times it, then times again the fixed servers it uses.
+DERIVE_FROM = tuple(f"ddtree-b{b}-k8" for b in (15, 32, 64))
+DERIVE = (
+    *(s for s in SCHEDULE if s.name in {"ar", "dflash", *DERIVE_FROM, "sched-k8"}),
+    Server("sched-derived", "ddtree-b64", 64, 8, budget_schedule=SCHEDULE_ENTRIES, tags=("schedule", "derived"),
+           max_running=16),
+)
+DERIVE_PLAN = {"server": "sched-derived", "from": list(DERIVE_FROM), "control": "dflash"}
 # The sets that stay on the tiny random vocabulary-16 models, and why: the recorded runs of sessions 6-8 (core,
 # extra, final, gates, all) were made on them and their results in docs/ name them; tp2 needs vocabulary 16 at TP 2
 # (rank 1 holds no real row: the defect its run is expected to find). Every other set runs on the trained pair.
 TINY_SETS = {"core", "extra", "final", "gates", "all", "tp2"}
 SETS = {"core": CORE, "extra": EXTRA, "final": FINAL, "gates": GATES, "graphs": GRAPHS, "recheck": RECHECK, "treeconv": TREECONV,
         "tp2": TP2, "budget": BUDGET, "judge": JUDGE, "learned": LEARNED_SET, "quick": QUICK,
-        "schedule": SCHEDULE,
+        "schedule": SCHEDULE, "derive": DERIVE,
         "all": CORE + tuple(s for s in EXTRA if s.name != "ar")}
 
 
@@ -305,7 +317,8 @@ def build(set_name: str = "core") -> dict:
     return {"set": set_name, "servers": servers, "wheels": sorted({s["wheel"] for s in servers}),
             "models": models, "learned": learned, "prompts": f"{models}/prompts.json" if learned else None,
             "max_new": 128 if learned else 64, "harness_args": list(HARNESS_ARGS),
-            "batches": list(BATCHES) if set_name == "schedule" else None}
+            "batches": list(BATCHES) if set_name in ("schedule", "derive") else None,
+            "derive": dict(DERIVE_PLAN) if set_name == "derive" else None}
 
 
 def models_for(set_name: str) -> str:

@@ -44,6 +44,7 @@ sys.path.insert(0, str(REPO))
 # checkout without the package (the GPU machine's python3), they come from collections/ (pyproject.toml).
 sys.path.insert(0, str(REPO / "collections"))
 
+import derive  # noqa: E402
 import e2e_stats as stats  # noqa: E402
 import trace_check  # noqa: E402
 
@@ -724,12 +725,59 @@ def summary_lines(results: dict) -> list[str]:
         sc = (r.get("gates") or {}).get("self_check") if isinstance(r, dict) else None
         if sc:
             lines.append(f"exactness self-check {name}: {sc.get('verdict') or sc.get('error')}: {sc.get('reason')}")
+    lines += derive.lines(results.get("derive") or {})
     if results.get("accept_minimum"):
         lines.append(f"acceptance minimum: {results['accept_minimum']}")
     if results.get("sweep"):
         sw = results["sweep"]
         lines.append(f"sweep: {sw.get('recommendation') or sw.get('error')}")
     return lines
+
+
+def derive_and_judge(plan: dict, entry: dict, servers: dict, results: dict, ps: list, args, save) -> None:
+    """Set "derive" (issue 38 item 3): the schedule from this run's fixed-budget timings (``derive.cells``, then the
+    project's ``sgdeploy.schedule.derive``), the held-back server started with it (``servers`` gains it, so the
+    analysis checks it against AR), its greedy run and timing, then the fixed servers its schedule uses timed again."""
+    from sgdeploy import schedule
+
+    d = plan["derive"]
+    report: dict = {"from": d["from"], "tie_tolerance": derive.TIE_TOLERANCE}
+    results["derive"] = report
+    fixed = [servers[n].entry for n in d["from"] if n in servers and servers[n].status == "serving"]
+    got = schedule.derive(derive.cells(fixed, results), derive.TIE_TOLERANCE)
+    if got is None:
+        report["error"] = "no fixed budget was timed without errors: nothing to derive from"
+        return
+    report.update(flag=got["flag"], buckets=got["buckets"])
+    entry = {**entry, "args": derive.derived_args(entry["args"], got["schedule"]),
+             "budget": max(b for _, b in got["schedule"])}
+    say("derived schedule", got["flag"])
+    s = ServerProc(entry, args.releases, args.site)
+    servers[s.name] = s
+    s.start()
+    results[s.name] = {"status": "starting", "args": entry["args"], "wheel": entry["wheel"], "derived": got["flag"]}
+    while s.poll() == "starting" and time.time() < args.deadline - 75:
+        time.sleep(2)
+    results[s.name].update(status=s.poll() if s.status != "starting" else "not serving by the deadline",
+                           startup_s=s.startup_s())
+    say(s.name, results[s.name]["status"], s.startup_s())
+    if s.status != "serving":
+        results[s.name]["log_errors"] = s.errors()
+        save()
+        return
+    try:
+        results[s.name]["experiment"] = experiment(s, ps, args.deadline)
+        results[s.name]["timing"] = t = timing_batches(s, ps, plan["batches"])
+        say(s.name, "timing", {k: v.get("tokens_per_s") for k, v in t.items() if isinstance(v, dict)})
+    except Exception as err:  # noqa: BLE001
+        results[s.name]["experiment_error"] = f"{type(err).__name__}: {str(err)[:500]}"
+    report["compare"] = derive.compare(results, s.name, [e["name"] for e in fixed], d.get("control"))
+    used = {b for _, b in got["schedule"]}
+    report["retimed"] = {}
+    for e in fixed:
+        if e["budget"] in used and time.time() < args.deadline - 90:  # the analysis needs its time
+            report["retimed"][e["name"]] = timing_batches(servers[e["name"]], ps, plan["batches"])
+    save()
 
 
 def main(argv: list[str] | None = None) -> int:  # noqa: C901 - the harness run in order, one step a block
@@ -756,7 +804,9 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 - the harness run 
     def save() -> None:
         (args.out / "results.json").write_text(json.dumps(results, indent=1, default=str))
 
-    servers = {e["name"]: ServerProc(e, args.releases, args.site) for e in entries}
+    held = (plan.get("derive") or {}).get("server")  # started once its schedule is derived (set "derive")
+    servers = {e["name"]: ServerProc(e, args.releases, args.site) for e in entries if e["name"] != held}
+    held_entry = next((e for e in entries if e["name"] == held), None)
     for s in servers.values():
         s.start()
         results[s.name] = {"status": "starting", "args": s.entry["args"], "wheel": s.entry["wheel"]}
@@ -826,6 +876,8 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 - the harness run 
                         results[s.name]["sweep_bench_error"] = f"{type(err).__name__}: {str(err)[:300]}"
                     say(s.name, "sweep bench done")
             save()
+        if held_entry is not None:
+            derive_and_judge(plan, held_entry, servers, results, ps, args, save)
         if time.time() < args.deadline - 20:
             try:
                 analyse(servers, results, ps, args.deadline)

@@ -69,6 +69,13 @@ def install(model_runner, budgets, largest: int) -> WidthDispatchRunner | None:
     graphs (``--disable-cuda-graph``), when the switch is off, or when only one budget is scheduled."""
     base = getattr(model_runner, "decode_cuda_graph_runner", None)
     if base is None or getattr(base, "captured_req_width", None) != largest + 1:
+        # Said, not silent: a schedule whose smaller budgets verify eagerly is slow (2026-12-05, H100).
+        logger.warning(
+            "DDTREE schedule: no target verify graphs at width %d (%s): every step at another budget verifies "
+            "eagerly.",
+            largest + 1,
+            "none captured" if base is None else f"captured at {getattr(base, 'captured_req_width', None)}",
+        )
         return None
     if os.environ.get(ENV_SWITCH, "1") == "0":
         logger.info("DDTREE schedule: %s=0: budgets other than %d verify eagerly.", ENV_SWITCH, largest)

@@ -75,13 +75,6 @@ class DDTreeWorker(DFlashWorkerV2):
 
             self.ddtree_schedule = BudgetSchedule.from_text(schedule)
         ddtree_decode.check_supported(self, spec)
-        if self.ddtree_schedule is not None:
-            # Target verify graphs at each scheduled budget's width (ddtree_graphs.py).
-            from sglang.srt.speculative import ddtree_graphs
-
-            ddtree_graphs.install(
-                self.target_worker.model_runner, self.ddtree_schedule.budgets, self.ddtree_budget
-            )
         logger.info(
             "DDTREE: budget=%d schedule=%s topk_cap=%d depth=%d verify width=%d top-k=%s state forking=%s",
             self.ddtree_budget,
@@ -92,6 +85,20 @@ class DDTreeWorker(DFlashWorkerV2):
             "fused" if self.ddtree_fused_topk else "torch",
             spec.speculative_ddtree_state_forking or "on",
         )
+
+    def init_cuda_graphs(self):
+        """The drafter's graphs (``DFlashWorkerV2``), then the target's verify graphs at every other scheduled
+        budget's width (``ddtree_graphs.install``). 0.5.23's scheduler (``init_all_cuda_graphs``) captures the
+        target's graphs (``tp_worker.init_cuda_graphs``) before this, and after every worker is built: installed
+        from ``__init__`` (as first written), the target had no graph runner yet, nothing was captured, and every
+        step at a smaller budget verified eagerly (H100, 2026-12-05: ``cuda graph: False`` on each such step)."""
+        super().init_cuda_graphs()
+        if self.ddtree_schedule is not None:
+            from sglang.srt.speculative import ddtree_graphs
+
+            ddtree_graphs.install(
+                self.target_worker.model_runner, self.ddtree_schedule.budgets, self.ddtree_budget
+            )
 
     def step_budget(self, batch_size: int) -> int:
         """The tree budget of a decode step of ``batch_size`` requests (host only)."""

@@ -1,0 +1,62 @@
+"""Set "derive" of the end-to-end harness (issue 38 item 3, tests/gpu/e2e/derive.py): the schedule the runner derives
+from its own fixed-budget timings, the flags the held-back server then gets, and the comparison it is judged by."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "gpu" / "e2e"))
+
+import derive  # noqa: E402
+import plan  # noqa: E402
+
+from sgdeploy import schedule  # noqa: E402
+
+
+def timing(**tps):
+    return {"timing": {**{k: {"tokens_per_s": v, "accept_length": 2.0, "errors": []} for k, v in tps.items()},
+                       "moving": {"tokens_per_s": tps.pop("moving_", None)}}}
+
+
+def test_the_derive_plan_holds_its_server_back_and_names_what_it_derives_from():
+    p = plan.build("derive")
+    names = [s["name"] for s in p["servers"]]
+    assert p["derive"]["server"] in names and set(p["derive"]["from"]) <= set(names)
+    assert p["batches"] == [1, 4, 8, 16] and p["learned"]
+    budgets = {s["name"]: s["budget"] for s in p["servers"]}
+    assert sorted(budgets[n] for n in p["derive"]["from"]) == [15, 32, 64]
+
+
+def test_the_derived_flags_are_what_the_project_renders_for_that_schedule():
+    p = plan.build("derive")
+    held = next(s for s in p["servers"] if s["name"] == p["derive"]["server"])
+    for sched in (((1, 64), (8, 32)), ((1, 32),), ((1, 64), (4, 32), (16, 15))):
+        got = derive.derived_args(held["args"], sched)
+        server = plan.Server("sched-derived", "ddtree-b64", max(b for _, b in sched), 8, budget_schedule=sched,
+                             tags=("schedule", "derived"), max_running=16)
+        index = [s["name"] for s in p["servers"]].index(held["name"])
+        want = plan.server_entry(server, index, p["models"])["args"]
+        assert got == want, sched
+
+
+def test_cells_and_the_projects_derivation_pick_the_fastest_budget_per_batch():
+    entries = [{"name": f"b{b}", "budget": b} for b in (15, 32, 64)]
+    results = {"b15": timing(batch1=240, batch8=1200), "b32": timing(batch1=300, batch8=1150),
+               "b64": timing(batch1=360, batch8=1000)}
+    results["b32"]["timing"]["batch8"]["errors"] = ["ConnectionError"]  # a cell with an error never qualifies
+    got = schedule.derive(derive.cells(entries, results), derive.TIE_TOLERANCE)
+    assert got["flag"] == "1:64,8:15"
+
+
+def test_compare_says_where_the_derived_server_is_within_three_percent_and_whether_it_beats_every_fixed_one():
+    results = {"d": timing(batch1=350, batch8=1190, moving_=900), "b15": timing(batch1=240, batch8=1200, moving_=800),
+               "b64": timing(batch1=360, batch8=1000, moving_=850), "dflash": timing(batch1=280, moving_=890)}
+    got = derive.compare(results, "d", ["b15", "b64"], "dflash")
+    assert [(p["batch"], p["best_fixed"], p["within"]) for p in got["per_batch"]] == [(1, "b64", True), (8, "b15", True)]
+    assert got["holds"] == {"every_batch_within": True, "moving_beats_all": True}
+    results["d"]["timing"]["batch1"]["tokens_per_s"] = 340  # 5.6 % below budget 64's
+    results["dflash"]["timing"]["moving"]["tokens_per_s"] = 950
+    got = derive.compare(results, "d", ["b15", "b64"], "dflash")
+    assert got["holds"] == {"every_batch_within": False, "moving_beats_all": False}
+    assert any("NOT within 3%" in ln for ln in derive.lines({"flag": "1:64", "from": [], "compare": got}))
