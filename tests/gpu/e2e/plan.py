@@ -200,6 +200,9 @@ LEARNED_SET = BUDGET + JUDGE
 # 1 -> 16 -> 1 (plan "batches"). The servers tagged "watch" read their own /metrics with the post-deploy watch's code
 # (module_utils/sglang_watch.py) around the greedy run, against the requests' own meta_info numbers.
 SCHEDULE_ENTRIES = ((1, 64), (4, 32), (8, 15))
+# Patch 0005's verify graphs at every scheduled width are opt-in (off: the other widths verify eagerly; ddtree_graphs.py
+# says why); the servers that test them switch them on.
+GRAPHS_ON = ("SGLANG_DDTREE_SCHEDULE_GRAPHS", "1")
 BATCHES = (1, 4, 8, 16)
 SCHEDULE = (
     Server("ar", "ar", variant=NORADIX, tags=("reference",), max_running=16),
@@ -209,9 +212,9 @@ SCHEDULE = (
     Server("nofork-b64-k8", "ddtree-b64-nofork", 64, 8, features=FULL, tags=("nofork",), fused_topk=True,
            max_running=16),
     Server("sched-k8", "ddtree-b64", 64, 8, budget_schedule=SCHEDULE_ENTRIES, tags=("watch", "schedule"),
-           max_running=16),
+           max_running=16, env=(GRAPHS_ON,)),
     Server("sched-k8-onegraph", "ddtree-b64", 64, 8, budget_schedule=SCHEDULE_ENTRIES, tags=("schedule",),
-           max_running=16, env=(("SGLANG_DDTREE_SCHEDULE_GRAPHS", "0"),)),
+           max_running=16),
 )
 # Issue 38 item 3 ("derive", session 20): the schedule derived on this machine from this run's own timings. AR, DFLASH
 # 16 (the control), DDTREE 15 / 32 / 64 at cap 8 and the guessed schedule 1:64,4:32,8:15 start together and are timed
@@ -220,9 +223,9 @@ SCHEDULE = (
 # placeholder schedule, replaced), checks it against AR and times it, then times again the fixed servers it uses.
 DERIVE_FROM = tuple(f"ddtree-b{b}-k8" for b in (15, 32, 64))
 DERIVE = (
-    *(s for s in SCHEDULE if s.name in {"ar", "dflash", *DERIVE_FROM, "sched-k8"}),
+    *(s for s in SCHEDULE if s.name in {"ar", "dflash", *DERIVE_FROM, "sched-k8", "sched-k8-onegraph"}),
     Server("sched-derived", "ddtree-b64", 64, 8, budget_schedule=SCHEDULE_ENTRIES, tags=("schedule", "derived"),
-           max_running=16),
+           max_running=16, env=(GRAPHS_ON,)),
 )
 DERIVE_PLAN = {"server": "sched-derived", "from": list(DERIVE_FROM), "control": "dflash"}
 # The sets that stay on the tiny random vocabulary-16 models, and why: the recorded runs of sessions 6-8 (core,

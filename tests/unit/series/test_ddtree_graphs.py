@@ -22,7 +22,14 @@ class Runner:
     def can_run_graph(self, fb):
         return fb.spec_info.num_tokens_per_req == self.captured_req_width and fb.batch_size <= self.max_bs
 
+    def load_batch(self, fb, *args):
+        # 0.5.23's load_batch copies the batch into this runner's buffers, sized for its captured width.
+        assert fb.spec_info.num_tokens_per_req == self.captured_req_width, (
+            f"a batch of width {fb.spec_info.num_tokens_per_req} loaded into buffers of width {self.captured_req_width}")
+        self.loaded = fb.batch_size
+
     def execute(self, fb, **kw):
+        assert getattr(self, "loaded", None) == fb.batch_size, "replayed without its own load_batch"
         self.ran.append((fb.batch_size, kw))
         self.bs = fb.batch_size
         return f"replayed at {self.captured_req_width}"
@@ -38,8 +45,23 @@ def test_each_width_replays_its_own_runner(graphs):
     assert d.widths == [16, 33, 65]
     for width, runner in ((65, big), (33, mid), (16, small)):
         assert d.can_run_graph(batch(width))
+        d.load_batch(batch(width))  # as eagle_prepare_for_verify does before the replay
         assert d.execute(batch(width), pp_proxy_tensors=None) == f"replayed at {width}"
         assert runner.ran == [(4, {"pp_proxy_tensors": None})]
+        assert d.bs == 4
+
+
+def test_load_batch_and_bs_follow_the_width_of_the_batch(graphs):
+    """On the H100 the scheduler died at the first step of a smaller budget: load_batch went to the largest width's
+    runner ("The size of tensor a (520) must match the size of tensor b (128)")."""
+    big, small = Runner(65), Runner(16)
+    d = graphs.WidthDispatchRunner({65: big, 16: small}, big)
+    d.load_batch(batch(16, bs=8))
+    d.execute(batch(16, bs=8))
+    assert small.ran == [(8, {})] and big.ran == [] and d.bs == 8
+    d.load_batch(batch(65, bs=3))
+    d.execute(batch(65, bs=3))
+    assert d.bs == 3 and big.ran == [(3, {})]
 
 
 def test_a_width_without_graphs_runs_eagerly_and_limits_still_hold(graphs):
@@ -54,6 +76,7 @@ def test_other_readers_see_the_largest_widths_runner(graphs):
     big, small = Runner(65), Runner(16)
     d = graphs.WidthDispatchRunner({65: big, 16: small}, big)
     assert d.captured_req_width == 65 and d.max_bs == 16
+    d.load_batch(batch(65, bs=3))
     d.execute(batch(65, bs=3))
     assert d.bs == 3  # eagle_worker_common reads decode_cuda_graph_runner.bs after a replay
 
@@ -62,9 +85,11 @@ def test_install_leaves_a_server_without_graphs_or_with_the_switch_off_alone(gra
     mr = SimpleNamespace(decode_cuda_graph_runner=None)
     assert graphs.install(mr, (15, 32, 64), 64) is None and mr.decode_cuda_graph_runner is None
     mr.decode_cuda_graph_runner = base = Runner(65)
+    monkeypatch.delenv(graphs.ENV_SWITCH, raising=False)  # off unless asked for: not yet proven on a GPU
+    assert graphs.install(mr, (15, 32, 64), 64) is None and mr.decode_cuda_graph_runner is base
     monkeypatch.setenv(graphs.ENV_SWITCH, "0")
     assert graphs.install(mr, (15, 32, 64), 64) is None and mr.decode_cuda_graph_runner is base
-    monkeypatch.delenv(graphs.ENV_SWITCH)
+    monkeypatch.setenv(graphs.ENV_SWITCH, "1")
     assert graphs.install(mr, (64,), 64) is None and mr.decode_cuda_graph_runner is base  # one budget: nothing to add
     mr.decode_cuda_graph_runner = Runner(33)  # not captured at the largest width: not ours to extend
     assert graphs.install(mr, (15, 32, 64), 64) is None
@@ -100,3 +125,57 @@ def test_install_says_when_the_target_has_no_graphs_at_the_largest_width(graphs,
     with caplog.at_level(logging.WARNING, logger=graphs.logger.name):
         assert graphs.install(mr, (15, 32, 64), 64) is None
     assert "no target verify graphs at width 65 (none captured)" in caplog.text
+
+
+def test_the_verify_of_a_step_runs_on_its_widths_backend_and_the_servers_own_comes_back(graphs):
+    """The tree mask buffer, ForwardBatch.attn_backend and the recurrent-state commit (0.5.23's
+    update_mamba_state_after_mtp_verify reads linear_attn_backend.forward_metadata) all read
+    model_runner.attn_backend: for a step replayed by the width-16 graphs it must be that runner's backend, whose
+    metadata its load_batch filled; prefill and eager steps keep the server's own."""
+    big, small = Runner(65), Runner(16)
+    big.attn_backend, small.attn_backend = "own", "width16"
+    mr = SimpleNamespace(attn_backend="own", decode_cuda_graph_runner=graphs.WidthDispatchRunner({65: big, 16: small}, big))
+    with graphs.step_backend(mr, 16) as backend:
+        assert backend == mr.attn_backend == "width16"
+    assert mr.attn_backend == "own"
+    with graphs.step_backend(mr, 9) as backend:  # no graphs at width 9: the step verifies eagerly on the server's
+        assert backend == "own"
+    try:
+        with graphs.step_backend(mr, 16):
+            raise RuntimeError("the verify failed")
+    except RuntimeError:
+        pass
+    assert mr.attn_backend == "own"
+    plain = SimpleNamespace(attn_backend="own", decode_cuda_graph_runner=big)  # no schedule's graphs: nothing moves
+    with graphs.step_backend(plain, 16) as backend:
+        assert backend == "own"
+
+
+class _Capturing:
+    """Stands in for 0.5.23's DecodeCudaGraphRunner: records what install builds it with."""
+
+    built: list = []
+
+    def __init__(self, model_runner, *, attn_backend=None, speculative_num_draft_tokens=None):
+        self.attn_backend, self.captured_req_width = attn_backend, speculative_num_draft_tokens
+        _Capturing.built.append(self)
+
+
+def test_install_captures_each_other_width_with_a_backend_of_its_own(graphs, monkeypatch):
+    import sys
+    import types
+
+    module = types.ModuleType("decode_cuda_graph_runner")
+    module.DecodeCudaGraphRunner = _Capturing
+    monkeypatch.setitem(sys.modules, "sglang.srt.model_executor.runner.decode_cuda_graph_runner", module)
+    monkeypatch.setenv(graphs.ENV_SWITCH, "1")
+    _Capturing.built = []
+    backends = iter(["b16", "b33"])
+    base = Runner(65)
+    base.attn_backend = "own"
+    mr = SimpleNamespace(decode_cuda_graph_runner=base, attn_backend="own", gpu_id=0,
+                         _get_attention_backend=lambda: next(backends))
+    d = graphs.install(mr, (15, 32, 64), 64)
+    assert mr.decode_cuda_graph_runner is d and d.widths == [16, 33, 65]
+    assert [(r.captured_req_width, r.attn_backend) for r in _Capturing.built] == [(16, "b16"), (33, "b33")]
+    assert [d.backend_for(w) for w in (16, 33, 65, 9)] == ["b16", "b33", "own", "own"]

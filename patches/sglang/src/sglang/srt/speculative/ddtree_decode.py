@@ -31,6 +31,8 @@ import logging
 
 import torch
 
+from sglang.srt.speculative import ddtree_graphs
+
 logger = logging.getLogger(__name__)
 
 # run_eagle_verify only distinguishes topk == 1 (chain bookkeeping) from topk > 1 (tree:
@@ -194,62 +196,64 @@ def forward_decode(worker, batch, on_publish=None, grammar_barrier=None, pp_prox
     lm_head = unwrap_lora_layer(getattr(worker.target_worker.model_runner.model, "lm_head", None))
     parallel = get_parallel()
     tp_group = parallel.tp_group if parallel.tp_size > 1 else None
-    attn_backend = worker.target_worker.model_runner.attn_backend
-    verify_mask = getattr(attn_backend, "verify_mask", None)
-    full_mask = verify_mask is None or getattr(verify_mask.mode, "name", "") == "FULL_MASK"
-    verify_input = worker.build_verify_input(
-        draft_hidden=draft_hidden[:, 1:, :],
-        lm_head=lm_head,
-        root_tokens=block_ids[:, 0],
-        seq_lens=prefix_lens,
-        full_mask=full_mask,
-        capture_hidden_mode=CaptureHiddenMode.FULL,
-        tp_group=tp_group,
-        seq_lens_sum=host_sum,  # host: the FULL_MASK size needs no device read
-        budget=budget,
-    )
-    # Verify window: budget + 1 slots from the committed length (reserved by the
-    # scheduler), and its plan for the target/draft id translation.
-    verify_loc = assign_extend_cache_locs_func(
-        req_pool_indices=batch.req_pool_indices,
-        req_to_token=worker.model_runner.req_to_token_pool.req_to_token,
-        start_offset=prefix_lens,
-        end_offset=prefix_lens + width,
-        batch_size=bs,
-        draft_token_num=width,
-        device=worker.device,
-    )
-    verify_plan = worker.target_worker.model_runner.kv_index_translator.plan(
-        req_pool_indices=batch.req_pool_indices,
-        seq_lens=prefix_lens,
-        seq_lens_cpu=host_lens,
-        write_virtual=verify_loc,
-        read_extent=width,
-    )
-    verify_input.prepared_out_cache_loc = verify_loc
-    verify_input.kv_loc_plan = verify_plan
+    # The verify runs on the attention backend of the graphs captured at this step's width (diff 0005,
+    # ddtree_graphs.step_backend; unchanged without a schedule's per-width graphs).
+    with ddtree_graphs.step_backend(worker.target_worker.model_runner, width) as attn_backend:
+        verify_mask = getattr(attn_backend, "verify_mask", None)
+        full_mask = verify_mask is None or getattr(verify_mask.mode, "name", "") == "FULL_MASK"
+        verify_input = worker.build_verify_input(
+            draft_hidden=draft_hidden[:, 1:, :],
+            lm_head=lm_head,
+            root_tokens=block_ids[:, 0],
+            seq_lens=prefix_lens,
+            full_mask=full_mask,
+            capture_hidden_mode=CaptureHiddenMode.FULL,
+            tp_group=tp_group,
+            seq_lens_sum=host_sum,  # host: the FULL_MASK size needs no device read
+            budget=budget,
+        )
+        # Verify window: budget + 1 slots from the committed length (reserved by the
+        # scheduler), and its plan for the target/draft id translation.
+        verify_loc = assign_extend_cache_locs_func(
+            req_pool_indices=batch.req_pool_indices,
+            req_to_token=worker.model_runner.req_to_token_pool.req_to_token,
+            start_offset=prefix_lens,
+            end_offset=prefix_lens + width,
+            batch_size=bs,
+            draft_token_num=width,
+            device=worker.device,
+        )
+        verify_plan = worker.target_worker.model_runner.kv_index_translator.plan(
+            req_pool_indices=batch.req_pool_indices,
+            seq_lens=prefix_lens,
+            seq_lens_cpu=host_lens,
+            write_virtual=verify_loc,
+            read_extent=width,
+        )
+        verify_input.prepared_out_cache_loc = verify_loc
+        verify_input.kv_loc_plan = verify_plan
 
-    # 5) Target verify, sampling, tree-aware mamba commit, accepted-path compaction.
-    batch.spec_info = verify_input
-    target_mr = worker.target_worker.model_runner
-    result = run_eagle_verify(
-        batch,
-        target_worker=worker.target_worker,
-        req_to_token_pool=target_mr.req_to_token_pool,
-        token_to_kv_pool_allocator=target_mr.token_to_kv_pool_allocator,
-        plan_stream=None,
-        plan_stream_ctx=contextlib.nullcontext(),
-        topk=_TREE_TOPK,
-        num_draft_tokens=width,
-        device=worker.device,
-        metadata_ready_pre_pad=False,
-        finalize_tree_path=True,
-        pp_proxy_tensors=pp_proxy_tensors,
-        grammar_barrier=grammar_barrier,
-    )
-    # As in DFlash, the running batch keeps its draft input; the scheduler takes the
-    # next one from the result.
-    batch.spec_info = draft_input
+        # 5) Target verify, sampling, tree-aware mamba commit, accepted-path compaction.
+        batch.spec_info = verify_input
+        target_mr = worker.target_worker.model_runner
+        result = run_eagle_verify(
+            batch,
+            target_worker=worker.target_worker,
+            req_to_token_pool=target_mr.req_to_token_pool,
+            token_to_kv_pool_allocator=target_mr.token_to_kv_pool_allocator,
+            plan_stream=None,
+            plan_stream_ctx=contextlib.nullcontext(),
+            topk=_TREE_TOPK,
+            num_draft_tokens=width,
+            device=worker.device,
+            metadata_ready_pre_pad=False,
+            finalize_tree_path=True,
+            pp_proxy_tensors=pp_proxy_tensors,
+            grammar_barrier=grammar_barrier,
+        )
+        # As in DFlash, the running batch keeps its draft input; the scheduler takes the
+        # next one from the result.
+        batch.spec_info = draft_input
     accept_lens = result.accept_lens  # accepted nodes incl. the root = committed tokens
     verify_input.set_accepted_nodes(result.accept_index, accept_lens)
     new_seq_lens = prefix_lens + accept_lens.to(prefix_lens.dtype)

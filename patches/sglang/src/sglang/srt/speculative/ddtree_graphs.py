@@ -1,30 +1,38 @@
-"""Target verify CUDA graphs per budget for a DDTree budget schedule (patch 0005).
+"""Target verify CUDA graphs per budget for a DDTree budget schedule (patch 0005), opt-in.
 
 What: the target's decode graph runner (0.5.23's ``DecodeCudaGraphRunner``) captures one verify
 width, ``--speculative-num-draft-tokens`` = the schedule's largest budget + 1, and replays only
 batches of that width (its ``can_run_graph``: "the batch's actual per-request width must match this
-runner's capture width; anything else falls back to eager"). ``install`` adds one more runner per
-other budget of the schedule, each captured at that budget + 1 with an attention backend of its own
-(``ModelRunner._get_attention_backend``: the captured kernels read that backend's buffers, which
-its replay refills; the backends of two widths never share metadata), and puts a
-``WidthDispatchRunner`` in the model runner's place: it answers ``can_run_graph`` and ``execute``
-with the runner whose captured width is the batch's ``spec_info.num_tokens_per_req``, and passes
-every other attribute to the largest width's runner (what the rest of the server read before).
+runner's capture width; anything else falls back to eager"). With ``SGLANG_DDTREE_SCHEDULE_GRAPHS=1``,
+``install`` adds one more runner per other budget of the schedule, each captured at that budget + 1
+with an attention backend of its own, and puts a ``WidthDispatchRunner`` in the model runner's place:
+``can_run_graph``, ``load_batch`` and ``execute`` go to the runner whose captured width is the batch's
+``spec_info.num_tokens_per_req``; every other attribute to the largest width's runner.
+
+Why a backend per width: the captured kernels read their backend's graph buffers, and some of them
+are shaped by the width (the GDN backend's ``init_cuda_graph_state`` lays out the verify query starts
+and the tree links for ``max_num_tokens // max_bs`` tokens per request), so two widths cannot share
+one backend. And because the rest of the step reads ``model_runner.attn_backend`` (the tree mask
+buffer, ``ForwardBatch.attn_backend``, the recurrent-state commit's ``forward_metadata``),
+``step_backend`` puts the width's backend there for the verify of one decode step and the server's own
+back after it (prefill graphs and eager steps keep the server's backend).
+
+Off by default (every step at a budget other than the largest verifies eagerly, as measured lossless
+on the H100 on 2026-12-05): the first two versions failed on the GPU. Installed from the worker's
+``__init__`` they were never captured (the target's graphs come later); installed after the capture,
+``load_batch`` went to the largest width's runner and the scheduler died at the first smaller step.
+This version (per-width ``load_batch``, ``step_backend``) has run on the CPU only (docs/ddtree.md).
 
 Each extra runner captures the same batch sizes as the first (0.5.23 derives them from the server's
-graph flags; a budget is used only in its bucket, so part of each capture is never replayed): the
-memory is the graphs' (the input buffers go through the process-wide graph pool as the first
-runner's do) and each backend's graph metadata. ``install`` logs what the capture cost.
-
-Off with ``SGLANG_DDTREE_SCHEDULE_GRAPHS=0`` (a steps at a budget other than the largest then
-verifies eagerly): the side-by-side switch for measuring what the graphs give.
+graph flags); ``install`` logs what the capture cost.
 
 New file of the sgdeploy patch series (feature ``ddtree``), not in SGLang 0.5.23; used by
-``ddtree_worker.py`` only when a schedule is set.
+``ddtree_worker.py`` and ``ddtree_decode.py`` only when a schedule is set.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -52,8 +60,30 @@ class WidthDispatchRunner:
         runner = self._runner_for(forward_batch)
         return runner is not None and bool(runner.can_run_graph(forward_batch))
 
+    def load_batch(self, forward_batch, *args, **kwargs):
+        """The verify's graph inputs into the buffers of the runner of the batch's width (0.5.23's
+        ``eagle_prepare_for_verify`` calls it before ``execute``). Passed to the largest width's runner (as first
+        written), a batch of 8 at width 16 was copied into buffers of 8 x 65 rows and the scheduler died:
+        "The size of tensor a (520) must match the size of tensor b (128)" (H100, 2026-12-05)."""
+        runner = self._runner_for(forward_batch)
+        self.__dict__["_last"] = runner
+        return runner.load_batch(forward_batch, *args, **kwargs)
+
     def execute(self, forward_batch, *args, **kwargs):
-        return self._runner_for(forward_batch).execute(forward_batch, *args, **kwargs)
+        runner = self._runner_for(forward_batch)
+        self.__dict__["_last"] = runner
+        return runner.execute(forward_batch, *args, **kwargs)
+
+    @property
+    def bs(self):
+        """The padded batch of the last replay, from the runner that replayed it (``ModelRunner`` reads it after a
+        forward for the experts/indexer capturers)."""
+        return getattr(self.__dict__.get("_last") or self.__dict__["_base"], "bs", None)
+
+    def backend_for(self, width: int):
+        """The attention backend of the runner captured at ``width``; the server's own when none is."""
+        runner = self._runners.get(int(width)) or self.__dict__["_base"]
+        return runner.attn_backend
 
     @property
     def widths(self) -> list[int]:
@@ -77,8 +107,9 @@ def install(model_runner, budgets, largest: int) -> WidthDispatchRunner | None:
             "none captured" if base is None else f"captured at {getattr(base, 'captured_req_width', None)}",
         )
         return None
-    if os.environ.get(ENV_SWITCH, "1") == "0":
-        logger.info("DDTREE schedule: %s=0: budgets other than %d verify eagerly.", ENV_SWITCH, largest)
+    if os.environ.get(ENV_SWITCH, "0") != "1":
+        logger.info("DDTREE schedule: budgets other than %d verify eagerly (%s=1 captures graphs for them).",
+                    largest, ENV_SWITCH)
         return None
     others = [b for b in budgets if b != largest]
     if not others:
@@ -106,6 +137,23 @@ def install(model_runner, budgets, largest: int) -> WidthDispatchRunner | None:
         "?" if free is None or after is None else f"{free - after:.2f}",
     )
     return dispatch
+
+
+@contextlib.contextmanager
+def step_backend(model_runner, width: int):
+    """For one decode step's verify: ``model_runner.attn_backend`` is the backend of the graphs captured at
+    ``width`` (``WidthDispatchRunner.backend_for``), then the server's own again, whatever happens. Without a
+    dispatch runner (no schedule, graphs off or disabled) nothing changes."""
+    dispatch = getattr(model_runner, "decode_cuda_graph_runner", None)
+    if not isinstance(dispatch, WidthDispatchRunner):
+        yield model_runner.attn_backend
+        return
+    own = model_runner.attn_backend
+    model_runner.attn_backend = dispatch.backend_for(width)
+    try:
+        yield model_runner.attn_backend
+    finally:
+        model_runner.attn_backend = own
 
 
 def _free_gib(model_runner):
