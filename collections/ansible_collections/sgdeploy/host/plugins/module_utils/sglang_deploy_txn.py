@@ -116,6 +116,44 @@ def set_step(paths, run_id, step, **extra):
     return journal
 
 
+def rank_above_0(entry):
+    """Whether a journal entry's unit is a rank above 0 of an engine over several hosts (its current.json)."""
+    current = entry.get("current") or {}
+    try:
+        return int(current.get("nnodes") or 1) > 1 and int(current.get("node_rank") or 0) > 0
+    except (TypeError, ValueError):
+        return False
+
+
+def stop(paths, run_id, ranks="all", kill_after_s=30, sleep=time.sleep, clock=time.monotonic):
+    """Stop the replaced units (step `stopping`), without waiting; returns (journal, stopped units, killed units).
+
+    ranks `all`: every replaced unit, and the idle conflicting units are disabled. `first`: the same but the ranks
+    above 0 of an engine over several hosts. `above0`: only those, once their rank 0 has stopped: SGLang 0.5.23
+    ignores SIGTERM on such a rank (rank 0's ShutdownReq ends it), so what still runs kill_after_s later is killed
+    with SIGKILL (no request needs it with its rank 0 stopped).
+    """
+    journal = set_step(paths, run_id, "stopping")
+    stopping = []
+    for e in journal["units"]:
+        if e["replaced"]:
+            if ranks == "all" or (ranks == "above0") == rank_above_0(e):
+                units.systemctl("stop", "--no-block", e["unit"])
+                stopping.append(e["unit"])
+        elif ranks != "above0" and e["unit"] != journal["new_unit"] and e["enabled"]:
+            units.systemctl("disable", e["unit"])
+    killed = []
+    if ranks == "above0" and stopping:
+        deadline = clock() + kill_after_s
+        while clock() < deadline and any(units.active_state(u) in units.RUNNING_STATES for u in stopping):
+            sleep(0.5)
+        for unit in stopping:
+            if units.active_state(unit) in units.RUNNING_STATES:
+                units.systemctl("kill", "--signal=SIGKILL", unit)
+                killed.append(unit)
+    return journal, stopping, killed
+
+
 def install(paths, run_id, unit_text, env_text, env_group_gid):
     """Put the new unit and env file in place (step `installed` is journaled first)."""
     journal = set_step(paths, run_id, "installed")

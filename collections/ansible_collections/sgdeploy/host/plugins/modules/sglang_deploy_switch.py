@@ -10,7 +10,8 @@ description:
     says what it found; it also removes the staging folders (C(runs/<id>/), with their env files) of
     runs that are gone (RV(removed_runs)); C(begin) backs up every unit the switch touches and writes the journal;
     C(stop) stops the replaced units (systemd sends SIGTERM; SGLang stops admitting requests and
-    drains, bounded by TimeoutStopSec) and disables enabled-but-inactive conflicting units;
+    drains, bounded by TimeoutStopSec) and disables enabled-but-inactive conflicting units; O(ranks) splits
+    it in two for an engine over several hosts (see there);
     C(install) puts the new unit and env file in place; C(start) resets the failed state, starts
     the new unit and journals the restart baseline; C(gating) marks the gates; C(undo) rolls back;
     C(commit) records current and previous and enables the new unit.
@@ -41,6 +42,22 @@ options:
     type: str
   env_group: {description: Group that may read the env file (the service group)., type: str, default: sglang}
   swap_previous: {description: commit of a manual rollback., type: bool, default: false}
+  ranks:
+    description:
+      - Which replaced units C(stop) stops. C(all) every one. C(first) every one but the ranks above 0 of an engine
+        over several hosts (their current.json's C(node_rank) above 0), and disables the idle conflicting units.
+        C(above0) only those ranks, to be called once their rank 0 has stopped on its host.
+      - SGLang 0.5.23 ignores SIGTERM on a rank above 0 (it only logs it; rank 0's ShutdownReq broadcast at the
+        end of its drain stops that rank's schedulers), so such a rank is stopped after rank 0, never before
+        it (the caller orders it), and whatever of it still runs O(kill_after_s) seconds later is killed with
+        SIGKILL (RV(killed)): with its rank 0 stopped no request needs it, and TimeoutStopSec is not waited for.
+    type: str
+    choices: [all, first, above0]
+    default: all
+  kill_after_s:
+    description: With O(ranks=above0), seconds a rank above 0 has to exit after the stop before SIGKILL.
+    type: int
+    default: 30
 author: sgdeploy contributors (@sgdeploy)
 extends_documentation_fragment:
   - sgdeploy.host.attributes
@@ -125,6 +142,9 @@ notes:
   type: list
 current: {description: What runs now (commit)., returned: commit, type: dict}
 removed_runs: {description: Run ids whose leftover staging folders were removed., returned: recover, type: list}
+stopping: {description: The units this call stopped., returned: stop, type: list}
+killed: {description: "Ranks above 0 still running O(kill_after_s) after their stop, killed with SIGKILL.",
+         returned: stop, type: list}
 """
 
 import grp  # noqa: E402
@@ -165,7 +185,7 @@ def _check_mode(module, paths):
         module.exit_json(changed=before != after, journal={},
                          diff={"before": before, "after": after, "before_header": unit_path,
                                "after_header": unit_path})
-    module.exit_json(changed=True, journal={}, found="", restarted=[], notes=[], current={})
+    module.exit_json(changed=True, journal={}, found="", restarted=[], notes=[], current={}, stopping=[], killed=[])
 
 
 def _begin(module, paths, run_id):
@@ -175,13 +195,8 @@ def _begin(module, paths, run_id):
 
 
 def _stop(module, paths, run_id):
-    journal = txn.set_step(paths, run_id, "stopping")
-    for e in journal["units"]:
-        if e["replaced"]:
-            units.systemctl("stop", "--no-block", e["unit"])
-        elif e["unit"] != journal["new_unit"] and e["enabled"]:
-            units.systemctl("disable", e["unit"])
-    module.exit_json(changed=True, journal=journal)
+    journal, stopping, killed = txn.stop(paths, run_id, module.params["ranks"], module.params["kill_after_s"])
+    module.exit_json(changed=True, journal=journal, stopping=stopping, killed=killed)
 
 
 def _install_texts(module, paths):
@@ -253,6 +268,8 @@ def main():
             from_previous=dict(type="str"),
             env_group=dict(type="str", default="sglang"),
             swap_previous=dict(type="bool", default=False),
+            ranks=dict(type="str", default="all", choices=["all", "first", "above0"]),
+            kill_after_s=dict(type="int", default=30),
         ),
         required_if=[("action", "begin", ["deploy"])],
         supports_check_mode=True,
