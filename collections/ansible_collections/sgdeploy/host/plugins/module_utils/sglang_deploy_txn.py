@@ -328,6 +328,41 @@ def commit(paths, run_id, swap_previous=False):
             "previous": {k: v for k, v in (previous or {}).items() if not k.endswith("_text") and k != "env_public"}}
 
 
+def retire(paths, run_id):
+    """A manual rollback on a rank above 0 of an engine over several hosts whose config had no previous deploy on this
+    host (the engine grew from fewer hosts; docs/multinode.md): its stopped unit is disabled and removed with its env
+    file, and what ran becomes previous.json (its unit text and the env file's non-secret part: a later rollback brings
+    it back); current.json goes. Journaled like a switch: an undo before this step puts the unit back and starts it."""
+    journal = read_json(paths.journal)
+    if journal is None or journal["run_id"] != run_id:
+        raise TxnError(f"no switch of run {run_id} to commit in {paths.txn}")
+    unit, config = journal["new_unit"], journal["config"]
+    entry = next((e for e in journal["units"] if e["unit"] == unit), None)
+    if entry is None or not entry["current"]:
+        raise TxnError(f"config {config}: nothing of it runs here to retire")
+    previous = without_secrets(entry["current"], entry["current"].get("secret_keys"))
+    backup = os.path.join(paths.files, unit)
+    if os.path.exists(backup):
+        with open(backup, encoding="utf-8") as f:
+            previous["unit_text"] = f.read()
+    env_backup = os.path.join(paths.files, config + ".env")
+    if os.path.exists(env_backup):
+        previous["env_sha256"] = _sha256(env_backup)
+        if "env_public" not in previous:
+            with open(env_backup, encoding="utf-8") as f:
+                previous["env_public"] = public_env(f.read(), previous.get("secret_keys"))
+    write_json(paths.previous(config), previous, mode=0o600)
+    units.systemctl("disable", unit)
+    for path in (paths.unit(unit), paths.env(config), paths.current(config)):
+        if os.path.exists(path):
+            os.unlink(path)
+    units.systemctl("daemon-reload")
+    units.systemctl("reset-failed", unit)
+    shutil.rmtree(paths.txn, ignore_errors=True)
+    return {"current": {}, "previous": {k: v for k, v in previous.items()
+                                        if not k.endswith("_text") and k != "env_public"}}
+
+
 def remove_stale_runs(state_dir, run_id):
     """Remove the staging folders (``runs/<id>/``, an env file with its secrets among them) of runs
     other than ``run_id``: the caller holds the lock, so their runs are gone. Returns their ids."""

@@ -14,7 +14,9 @@ description:
     it in two for an engine over several hosts (see there);
     C(install) puts the new unit and env file in place; C(start) resets the failed state, starts
     the new unit and journals the restart baseline; C(gating) marks the gates; C(undo) rolls back;
-    C(commit) records current and previous and enables the new unit.
+    C(commit) records current and previous and enables the new unit; C(retire) ends a manual rollback on a
+    rank above 0 of an engine over several hosts with no previous deploy on this host (the engine grew), whose
+    stopped unit is disabled and removed with its env file; what ran becomes previous.json.
   - Every step writes the journal (write, fsync, rename) before it acts. Undo restarts the old
     units first and writes the state after.
   - O(deploy) is required with O(action=begin).
@@ -23,7 +25,7 @@ options:
     description: The step.
     type: str
     required: true
-    choices: [recover, begin, stop, install, start, gating, undo, commit]
+    choices: [recover, begin, stop, install, start, gating, undo, commit, retire]
   run_id: {description: The run's id (the lock holder)., type: str, required: true}
   state_dir: {description: The deploy state folder., type: path, default: /var/lib/sglang-deploy}
   env_dir: {description: Folder of the env files., type: path, default: /etc/sglang}
@@ -50,7 +52,7 @@ options:
       - SGLang 0.5.23 ignores SIGTERM on a rank above 0 (it only logs it; rank 0's ShutdownReq broadcast at the
         end of its drain stops that rank's schedulers), so such a rank is stopped after rank 0, never before
         it (the caller orders it), and whatever of it still runs O(kill_after_s) seconds later is killed with
-        SIGKILL (RV(killed)): with its rank 0 stopped no request needs it, and TimeoutStopSec is not waited for.
+        SIGKILL (RV(killed)); with its rank 0 stopped no request needs it, and TimeoutStopSec is not waited for.
     type: str
     choices: [all, first, above0]
     default: all
@@ -140,7 +142,7 @@ notes:
   description: Problems met while undoing (the old service was restarted first).
   returned: recover, undo
   type: list
-current: {description: What runs now (commit)., returned: commit, type: dict}
+current: {description: What runs now (commit; empty after retire)., returned: "commit, retire", type: dict}
 removed_runs: {description: Run ids whose leftover staging folders were removed., returned: recover, type: list}
 stopping: {description: The units this call stopped., returned: stop, type: list}
 killed: {description: "Ranks above 0 still running O(kill_after_s) after their stop, killed with SIGKILL.",
@@ -241,6 +243,10 @@ def _undo(module, paths, run_id):
     module.exit_json(changed=True, **txn.undo(paths))
 
 
+def _retire(module, paths, run_id):
+    module.exit_json(changed=True, **txn.retire(paths, run_id))
+
+
 def _commit(module, paths, run_id):
     out = txn.commit(paths, run_id, swap_previous=module.params["swap_previous"])
     module.exit_json(changed=True, **out)
@@ -248,13 +254,14 @@ def _commit(module, paths, run_id):
 
 # The steps after recover, by action (check mode never reaches them).
 ACTIONS = {"begin": _begin, "stop": _stop, "install": _install, "start": _start, "gating": _gating,
-           "undo": _undo, "commit": _commit}
+           "undo": _undo, "commit": _commit, "retire": _retire}
 
 def main():
     module = AnsibleModule(
         argument_spec=dict(
             action=dict(type="str", required=True,
-                        choices=["recover", "begin", "stop", "install", "start", "gating", "undo", "commit"]),
+                        choices=["recover", "begin", "stop", "install", "start", "gating", "undo", "commit",
+                                 "retire"]),
             run_id=dict(type="str", required=True),
             state_dir=dict(type="path", default="/var/lib/sglang-deploy"),
             env_dir=dict(type="path", default="/etc/sglang"),
