@@ -22,7 +22,8 @@ pytestmark = pytest.mark.lab
 
 HOSTS = ("lab1", "lab2")
 A, B, FAIL, KILL = "lab-2node-b15", "lab-2node-b32", "lab-2node-b32-accept-high", "lab-2node-b15-32010"
-CONFIGS = (A, B, FAIL, KILL)
+GROW = "lab-2node-grow"  # one-host/lab-2node-grow.yml on lab1, then lab-2node-grow.yml over lab1 and lab2
+CONFIGS = (A, B, FAIL, KILL, GROW)
 
 
 def unit(config: str) -> str:
@@ -118,10 +119,27 @@ def test_a_first_start_runs_rank_0_on_lab1_and_rank_1_on_lab2(lab):
     print(f"first start of two ranks: {time.monotonic() - started:.1f} s")
 
 
+def lab_now(lab, host: str) -> str:
+    return lab.ssh(host, "date +%s").stdout.strip()
+
+
+def rank_1_stop_log(lab, config: str, since: str) -> str:
+    return lab.ssh("lab2", f"journalctl -u {unit(config)} --since @{since} --no-pager -o cat").stdout
+
+
 def test_a_switch_moves_both_ranks_to_the_new_config(lab):
+    since = lab_now(lab, "lab2")
+    started = time.monotonic()
     proc = deploy(lab, B)
     out = output_of(proc)
     assert proc.returncode == 0, out[-4000:]
+    # Rank 0 stopped first (it drains); rank 1, which ignores SIGTERM as SGLang 0.5.23 does, ended with rank 0's clean
+    # stop and was never sent a SIGTERM while rank 0 still served (its stop timeout never ran under rank 0's drain).
+    log = rank_1_stop_log(lab, A, since)
+    assert "dist-init: rank 0 stopped cleanly; exiting" in log, log[-2000:]
+    assert "SIGTERM received on node_rank 1" not in log, log[-2000:]
+    assert "Result=success" in lab.ssh("lab2", f"systemctl show -p Result {unit(A)}").stdout
+    print(f"switch of two ranks: {time.monotonic() - started:.1f} s (stop_timeout_s 600)")
     for host in HOSTS:
         assert active_unit(lab, host, unit(B)) == "active"
         assert active_unit(lab, host, unit(A)) in ("inactive", "unknown")
@@ -204,6 +222,7 @@ def test_a_rollback_leaving_out_a_rank_is_refused_and_make_rollback_takes_both_b
             "lab1's engine (sglang_engine_group '') has lab1 (1)") in out, out[-3000:]
     assert main_pids(lab, B) == before  # nothing was stopped
     # `make rollback CONFIG=... LIMIT=lab1,lab2` (SERIAL 1: one engine, both ranks in one batch).
+    since = lab_now(lab, "lab2")
     proc = lab.ansible_playbook("playbooks/rollback.yml", "-e", f"config={B}", "-e", "rollback_serial=1",
                                 "--limit", "lab1,lab2,localhost", check=False, timeout=900)
     out = output_of(proc)
@@ -215,6 +234,10 @@ def test_a_rollback_leaving_out_a_rank_is_refused_and_make_rollback_takes_both_b
         assert newest_record(lab, host, B)["outcome"] == "rolled_back"
     assert "smoke gate passed" in newest_record(lab, "lab1", B)["message"]
     assert "smoke gate: on rank 0, lab1" in newest_record(lab, "lab2", B)["message"]
+    # Rank 1 of B stopped after rank 0 of B (no SIGTERM it would ignore).
+    log = rank_1_stop_log(lab, B, since)
+    assert "dist-init: rank 0 stopped cleanly; exiting" in log, log[-2000:]
+    assert "SIGTERM received on node_rank 1" not in log, log[-2000:]
     # Rank 0 serves A (budget 15) with rank 1 of A joined.
     assert flag(argv(lab, "lab1", A), "--speculative-ddtree-budget") == "15"
     assert (flag(argv(lab, "lab2", A), "--node-rank")) == "1"
@@ -223,3 +246,35 @@ def test_a_rollback_leaving_out_a_rank_is_refused_and_make_rollback_takes_both_b
     status = output_of(lab.ansible_playbook("playbooks/status.yml", "--limit", "lab1,lab2,localhost", check=False))
     assert re.search(rf"lab1,lab2 +{A} +serving ", status), status[-3000:]
     assert not re.search(rf"\"lab[12] +{A} ", status), status[-3000:]
+
+
+def test_make_rollback_takes_an_engine_grown_from_one_host_back_and_removes_its_other_rank(lab):
+    # lab-2node-grow ran on lab1 alone, then over lab1 and lab2 (lab2 has no previous deploy of it): make rollback takes
+    # lab1 back to its one-host deploy and stops and removes lab2's rank (docs/multinode.md).
+    for host in HOSTS:  # A is done with: rank 0 first
+        lab.ssh(host, f"systemctl disable --now {unit(A)}", check=False, timeout=120)
+    started = time.monotonic()
+    proc = deploy(lab, "one-host/" + GROW, limit="lab1")
+    assert proc.returncode == 0, output_of(proc)[-4000:]
+    proc = deploy(lab, GROW)
+    assert proc.returncode == 0, output_of(proc)[-4000:]
+    assert flag(argv(lab, "lab2", GROW), "--node-rank") == "1"
+    proc = lab.ansible_playbook("playbooks/rollback.yml", "-e", f"config={GROW}", "-e", "rollback_serial=1",
+                                "--limit", "lab1,lab2,localhost", check=False, timeout=900)
+    out = output_of(proc)
+    assert proc.returncode == 0, out[-4000:]
+    flat = " ".join(out.split())
+    assert f"lab1: {GROW} rolled back to {GROW}" in flat, out[-4000:]
+    assert (f"lab2: {GROW} rank 1 of the engine over lab1,lab2 stopped and removed: no previous deploy of {GROW} here "
+            "(it ran on lab1)") in flat, out[-4000:]
+    # lab1 serves the one-host deploy again (no rank flags); lab2 keeps nothing of the config but its previous.json.
+    assert active_unit(lab, "lab1", unit(GROW)) == "active" and "--nnodes" not in argv(lab, "lab1", GROW)
+    assert health(lab, 32010) == 200
+    assert active_unit(lab, "lab2", unit(GROW)) in ("inactive", "unknown")
+    gone = lab.ssh("lab2", f"ls /etc/systemd/system/{unit(GROW)} /etc/sglang/{GROW}.env "
+                           f"/var/lib/sglang-deploy/{GROW}/current.json", check=False)
+    assert gone.stdout.strip() == "", gone.stdout
+    assert json.loads(lab.ssh("lab2", f"cat /var/lib/sglang-deploy/{GROW}/previous.json").stdout)["node_rank"] == 1
+    for host in HOSTS:
+        assert newest_record(lab, host, GROW)["outcome"] == "rolled_back"
+    print(f"one host, two hosts, rollback to one host: {time.monotonic() - started:.1f} s")

@@ -8,7 +8,11 @@ to rank 0's dist-init port and sending `rank R`; it keeps the connection open wh
   joined; if a joined rank's connection drops, it logs why and exits 1 at once (systemd sees the failure).
   On a clean stop it tells the ranks `bye` before it exits.
 - Rank R > 0 (`follow`): no HTTP server; connects (retrying for SGLANG_SIM_JOIN_TIMEOUT_S, default 600 s),
-  then waits: SIGTERM exits 0, rank 0's `bye` exits 0, the connection dropping without it exits 1.
+  then waits: rank 0's `bye` exits 0, the connection dropping without it exits 1. As SGLang 0.5.23
+  (`entrypoints/engine.py:Engine._launch_subprocesses`, node_rank >= 1), once joined it IGNORES SIGTERM (it only
+  logs it: such a rank cannot drain alone, rank 0's ShutdownReq broadcast stops it), so under systemd's KillMode=mixed
+  only rank 0's clean stop or SIGKILL (TimeoutStopSec) ends it. Before it joined, SIGTERM exits 0 (SGLang installs
+  that handler only once its schedulers are ready). SIGINT exits 0.
 """
 
 from __future__ import annotations
@@ -148,8 +152,18 @@ def follow(args, log: Log) -> int:
     """A rank above 0: join rank 0, then run until stopped or until rank 0 goes away."""
     host, port = split_addr(args.dist_init_addr)
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    joined = threading.Event()
+
+    def on_term(signum, _frame):
+        if signum == signal.SIGTERM and joined.is_set():
+            # SGLang 0.5.23's handler on node_rank >= 1: it logs and carries on.
+            log(f"SIGTERM received on node_rank {args.node_rank}; waiting for the rank-0 ShutdownReq broadcast to "
+                "stop the schedulers.")
+            return
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, on_term)
     timeout = float(os.environ.get("SGLANG_SIM_JOIN_TIMEOUT_S") or 600)
     log(f"dist-init: rank {args.node_rank} of {args.nnodes}; no HTTP server on this rank (rank 0 serves); "
         f"joining {host}:{port}")
@@ -169,6 +183,7 @@ def follow(args, log: Log) -> int:
             stop.wait(0.5)
     conn.sendall(f"rank {args.node_rank}\n".encode())
     conn.settimeout(0.5)
+    joined.set()
     log(f"dist-init: joined rank 0 at {host}:{port}")
     data = b""
     while not stop.is_set():
@@ -186,6 +201,6 @@ def follow(args, log: Log) -> int:
                 "broken; exiting with status 1")
             return 1
         data += chunk
-    log("Received SIGTERM: leaving the engine; exiting")
+    log("Received SIGINT: leaving the engine; exiting")
     conn.close()
     return 0

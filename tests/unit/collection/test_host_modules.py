@@ -291,3 +291,112 @@ def test_the_host_and_the_controller_build_records_with_one_implementation():
                                     started="2026-12-01T00:00:00Z", report=report)
     assert set(host) >= set(hostrecords.KEYS) | {"exactness"}
     assert host["exactness"] == report["exactness"]
+
+
+# ---------------------------------------------------------------------------------------------
+# An engine over several hosts: rank 0 stops first, a rank above 0 (SGLang ignores its SIGTERM) after it
+
+
+class RankIgnoringSigterm(FakeSystemd):
+    """A rank above 0 of SGLang 0.5.23: `systemctl stop` leaves it deactivating; SIGKILL (or rank 0's end) stops it."""
+
+    def __init__(self, stubborn=(), **kw):
+        super().__init__(**kw)
+        self.stubborn = set(stubborn)
+
+    def __call__(self, *args):
+        unit = [a for a in args[1:] if not a.startswith("--")][:1]
+        if args[0] == "stop" and unit and unit[0] in self.stubborn:
+            self.calls.append(args)
+            self.states[unit[0]] = "deactivating"
+            return type("P", (), {"returncode": 0, "stdout": "", "stderr": ""})()
+        if args[0] == "kill" and unit:
+            self.active.discard(unit[0])
+            self.states.pop(unit[0], None)
+        return super().__call__(*args)
+
+
+def _rank_host(tmp_path, monkeypatch, fake):
+    paths = txn.Paths(str(tmp_path / "state"), str(tmp_path / "units"), str(tmp_path / "env"))
+    os.makedirs(paths.unit_dir)
+    os.makedirs(paths.env_dir)
+    monkeypatch.setattr(units, "systemctl", fake)
+    return paths
+
+
+def _as_rank(paths, config, node_rank):
+    current = files.read_json(paths.current(config))
+    files.write_json(paths.current(config), {**current, "nnodes": 2, "node_rank": node_rank})
+
+
+def test_the_first_stop_leaves_a_rank_above_0_and_the_second_kills_it_only_if_it_outlives_the_grace(tmp_path,
+                                                                                                   monkeypatch):
+    fake = RankIgnoringSigterm(stubborn={"sglang-eng.service"})
+    paths = _rank_host(tmp_path, monkeypatch, fake)
+    put_running(paths, fake, "eng", "[Service]\n", port=30000, gpus=(0,))
+    _as_rank(paths, "eng", 1)
+    put_running(paths, fake, "solo", "[Service]\n", port=31000, gpus=(1,))  # a one-host engine: drains on SIGTERM
+    txn.begin(paths, "run-1", deploy_of("new", gpus=(0, 1)), ["sglang-eng.service", "sglang-solo.service"])
+    _, stopping, killed = txn.stop(paths, "run-1", "first")
+    assert stopping == ["sglang-solo.service"] and killed == []
+    assert ("stop", "--no-block", "sglang-eng.service") not in fake.calls  # never signalled before rank 0 stopped
+    clock = iter(range(0, 1000, 1)).__next__
+    _, stopping, killed = txn.stop(paths, "run-1", "above0", kill_after_s=30, sleep=lambda s: None,
+                                   clock=lambda: float(clock()))
+    assert stopping == ["sglang-eng.service"] and killed == ["sglang-eng.service"]
+    assert fake.calls.index(("stop", "--no-block", "sglang-eng.service")) < \
+        fake.calls.index(("kill", "--signal=SIGKILL", "sglang-eng.service"))
+    assert fake.state("sglang-eng.service") == "inactive"
+
+
+def test_a_rank_above_0_that_ends_with_its_rank_0_is_not_killed(tmp_path, monkeypatch):
+    fake = FakeSystemd()  # the rank exits by itself (rank 0's clean stop ended it)
+    paths = _rank_host(tmp_path, monkeypatch, fake)
+    put_running(paths, fake, "eng", "[Service]\n")
+    _as_rank(paths, "eng", 1)
+    txn.begin(paths, "run-1", deploy_of("eng"), ["sglang-eng.service"])
+    assert txn.stop(paths, "run-1", "first")[1:] == ([], [])
+    _, stopping, killed = txn.stop(paths, "run-1", "above0", kill_after_s=30, sleep=lambda s: None)
+    assert stopping == ["sglang-eng.service"] and killed == []
+    assert not any(c[0] == "kill" for c in fake.calls)
+
+
+def test_rank_0_and_one_host_engines_stop_in_the_first_step(tmp_path, monkeypatch):
+    fake = FakeSystemd()
+    paths = _rank_host(tmp_path, monkeypatch, fake)
+    put_running(paths, fake, "eng", "[Service]\n")
+    _as_rank(paths, "eng", 0)
+    txn.begin(paths, "run-1", deploy_of("eng"), ["sglang-eng.service"])
+    assert txn.stop(paths, "run-1", "first")[1] == ["sglang-eng.service"]
+    assert txn.stop(paths, "run-1", "above0")[1:] == ([], [])
+
+
+def test_retire_removes_a_stopped_rank_and_keeps_what_ran_as_previous(tmp_path, monkeypatch):
+    # make rollback of an engine that grew from one host: the rank above 0 with no previous deploy here goes away.
+    fake = FakeSystemd()
+    paths = _rank_host(tmp_path, monkeypatch, fake)
+    put_running(paths, fake, "eng", "[Service]\nExecStart=rank 1\n")
+    _as_rank(paths, "eng", 1)
+    current = files.read_json(paths.current("eng"))
+    txn.begin(paths, "run-1", {**current, "digest": current["unit_digest"]}, ["sglang-eng.service"])
+    txn.stop(paths, "run-1", "above0", sleep=lambda s: None)
+    out = txn.retire(paths, "run-1")
+    assert out["current"] == {} and out["previous"]["node_rank"] == 1
+    for path in (paths.unit("sglang-eng.service"), paths.env("eng"), paths.current("eng"), paths.journal):
+        assert not os.path.exists(path), path
+    previous = files.read_json(paths.previous("eng"))
+    assert previous["unit_text"] == "[Service]\nExecStart=rank 1\n" and previous["env_public"] == "# env of eng"
+    assert "sglang-eng.service" not in fake.enabled and fake.state("sglang-eng.service") == "inactive"
+
+
+def test_an_undo_before_the_retire_puts_the_rank_back_and_starts_it(tmp_path, monkeypatch):
+    fake = FakeSystemd()
+    paths = _rank_host(tmp_path, monkeypatch, fake)
+    put_running(paths, fake, "eng", "[Service]\n")
+    _as_rank(paths, "eng", 1)
+    current = files.read_json(paths.current("eng"))
+    txn.begin(paths, "run-1", {**current, "digest": current["unit_digest"]}, ["sglang-eng.service"])
+    txn.stop(paths, "run-1", "above0", sleep=lambda s: None)
+    txn.undo(paths)
+    assert fake.state("sglang-eng.service") == "active" and files.read_json(paths.current("eng"))["node_rank"] == 1
+    assert os.path.exists(paths.unit("sglang-eng.service")) and not os.path.exists(paths.previous("eng"))

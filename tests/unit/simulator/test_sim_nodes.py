@@ -96,3 +96,27 @@ def test_bad_rank_flags_are_refused_like_argparse(args, message, tmp_path):
         assert message in sim.log
     finally:
         sim.stop()
+
+
+def test_a_joined_rank_above_0_ignores_sigterm_until_rank_0_stops_cleanly(engine):
+    # As SGLang 0.5.23 (entrypoints/engine.py, node_rank >= 1): SIGTERM only logs; rank 0's clean stop ends the rank.
+    dist = free_port()
+    r0 = engine(0, dist_port=dist)
+    r1 = engine(1, dist_port=dist)
+    r0.wait_ready()
+    r1.proc.send_signal(signal.SIGTERM)
+    time.sleep(1.5)
+    assert r1.proc.poll() is None, r1.log
+    assert "SIGTERM received on node_rank 1; waiting for the rank-0 ShutdownReq broadcast" in r1.log
+    assert r0.first_answer() == 200  # the engine still serves
+    r0.proc.send_signal(signal.SIGTERM)
+    assert r0.wait_exit() == 0 and r1.wait_exit() == 0
+    assert "rank 0 stopped cleanly" in r1.log
+
+
+def test_a_rank_above_0_that_has_not_joined_exits_on_sigterm(engine):
+    r1 = engine(1, dist_port=free_port())
+    time.sleep(1.0)
+    r1.proc.send_signal(signal.SIGTERM)
+    assert r1.wait_exit() == 0
+    assert "Received SIGTERM before joining" in r1.log

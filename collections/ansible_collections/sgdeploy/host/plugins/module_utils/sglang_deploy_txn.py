@@ -116,6 +116,44 @@ def set_step(paths, run_id, step, **extra):
     return journal
 
 
+def rank_above_0(entry):
+    """Whether a journal entry's unit is a rank above 0 of an engine over several hosts (its current.json)."""
+    current = entry.get("current") or {}
+    try:
+        return int(current.get("nnodes") or 1) > 1 and int(current.get("node_rank") or 0) > 0
+    except (TypeError, ValueError):
+        return False
+
+
+def stop(paths, run_id, ranks="all", kill_after_s=30, sleep=time.sleep, clock=time.monotonic):
+    """Stop the replaced units (step `stopping`), without waiting; returns (journal, stopped units, killed units).
+
+    ranks `all`: every replaced unit, and the idle conflicting units are disabled. `first`: the same but the ranks
+    above 0 of an engine over several hosts. `above0`: only those, once their rank 0 has stopped: SGLang 0.5.23
+    ignores SIGTERM on such a rank (rank 0's ShutdownReq ends it), so what still runs kill_after_s later is killed
+    with SIGKILL (no request needs it with its rank 0 stopped).
+    """
+    journal = set_step(paths, run_id, "stopping")
+    stopping = []
+    for e in journal["units"]:
+        if e["replaced"]:
+            if ranks == "all" or (ranks == "above0") == rank_above_0(e):
+                units.systemctl("stop", "--no-block", e["unit"])
+                stopping.append(e["unit"])
+        elif ranks != "above0" and e["unit"] != journal["new_unit"] and e["enabled"]:
+            units.systemctl("disable", e["unit"])
+    killed = []
+    if ranks == "above0" and stopping:
+        deadline = clock() + kill_after_s
+        while clock() < deadline and any(units.active_state(u) in units.RUNNING_STATES for u in stopping):
+            sleep(0.5)
+        for unit in stopping:
+            if units.active_state(unit) in units.RUNNING_STATES:
+                units.systemctl("kill", "--signal=SIGKILL", unit)
+                killed.append(unit)
+    return journal, stopping, killed
+
+
 def install(paths, run_id, unit_text, env_text, env_group_gid):
     """Put the new unit and env file in place (step `installed` is journaled first)."""
     journal = set_step(paths, run_id, "installed")
@@ -288,6 +326,41 @@ def commit(paths, run_id, swap_previous=False):
     shutil.rmtree(paths.txn, ignore_errors=True)
     return {"current": {k: v for k, v in current.items() if k != "env_public"},
             "previous": {k: v for k, v in (previous or {}).items() if not k.endswith("_text") and k != "env_public"}}
+
+
+def retire(paths, run_id):
+    """A manual rollback on a rank above 0 of an engine over several hosts whose config had no previous deploy on this
+    host (the engine grew from fewer hosts; docs/multinode.md): its stopped unit is disabled and removed with its env
+    file, and what ran becomes previous.json (its unit text and the env file's non-secret part: a later rollback brings
+    it back); current.json goes. Journaled like a switch: an undo before this step puts the unit back and starts it."""
+    journal = read_json(paths.journal)
+    if journal is None or journal["run_id"] != run_id:
+        raise TxnError(f"no switch of run {run_id} to commit in {paths.txn}")
+    unit, config = journal["new_unit"], journal["config"]
+    entry = next((e for e in journal["units"] if e["unit"] == unit), None)
+    if entry is None or not entry["current"]:
+        raise TxnError(f"config {config}: nothing of it runs here to retire")
+    previous = without_secrets(entry["current"], entry["current"].get("secret_keys"))
+    backup = os.path.join(paths.files, unit)
+    if os.path.exists(backup):
+        with open(backup, encoding="utf-8") as f:
+            previous["unit_text"] = f.read()
+    env_backup = os.path.join(paths.files, config + ".env")
+    if os.path.exists(env_backup):
+        previous["env_sha256"] = _sha256(env_backup)
+        if "env_public" not in previous:
+            with open(env_backup, encoding="utf-8") as f:
+                previous["env_public"] = public_env(f.read(), previous.get("secret_keys"))
+    write_json(paths.previous(config), previous, mode=0o600)
+    units.systemctl("disable", unit)
+    for path in (paths.unit(unit), paths.env(config), paths.current(config)):
+        if os.path.exists(path):
+            os.unlink(path)
+    units.systemctl("daemon-reload")
+    units.systemctl("reset-failed", unit)
+    shutil.rmtree(paths.txn, ignore_errors=True)
+    return {"current": {}, "previous": {k: v for k, v in previous.items()
+                                        if not k.endswith("_text") and k != "env_public"}}
 
 
 def remove_stale_runs(state_dir, run_id):

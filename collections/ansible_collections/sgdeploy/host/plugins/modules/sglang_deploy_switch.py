@@ -10,10 +10,13 @@ description:
     says what it found; it also removes the staging folders (C(runs/<id>/), with their env files) of
     runs that are gone (RV(removed_runs)); C(begin) backs up every unit the switch touches and writes the journal;
     C(stop) stops the replaced units (systemd sends SIGTERM; SGLang stops admitting requests and
-    drains, bounded by TimeoutStopSec) and disables enabled-but-inactive conflicting units;
+    drains, bounded by TimeoutStopSec) and disables enabled-but-inactive conflicting units; O(ranks) splits
+    it in two for an engine over several hosts (see there);
     C(install) puts the new unit and env file in place; C(start) resets the failed state, starts
     the new unit and journals the restart baseline; C(gating) marks the gates; C(undo) rolls back;
-    C(commit) records current and previous and enables the new unit.
+    C(commit) records current and previous and enables the new unit; C(retire) ends a manual rollback on a
+    rank above 0 of an engine over several hosts with no previous deploy on this host (the engine grew), whose
+    stopped unit is disabled and removed with its env file; what ran becomes previous.json.
   - Every step writes the journal (write, fsync, rename) before it acts. Undo restarts the old
     units first and writes the state after.
   - O(deploy) is required with O(action=begin).
@@ -22,7 +25,7 @@ options:
     description: The step.
     type: str
     required: true
-    choices: [recover, begin, stop, install, start, gating, undo, commit]
+    choices: [recover, begin, stop, install, start, gating, undo, commit, retire]
   run_id: {description: The run's id (the lock holder)., type: str, required: true}
   state_dir: {description: The deploy state folder., type: path, default: /var/lib/sglang-deploy}
   env_dir: {description: Folder of the env files., type: path, default: /etc/sglang}
@@ -41,6 +44,22 @@ options:
     type: str
   env_group: {description: Group that may read the env file (the service group)., type: str, default: sglang}
   swap_previous: {description: commit of a manual rollback., type: bool, default: false}
+  ranks:
+    description:
+      - Which replaced units C(stop) stops. C(all) every one. C(first) every one but the ranks above 0 of an engine
+        over several hosts (their current.json's C(node_rank) above 0), and disables the idle conflicting units.
+        C(above0) only those ranks, to be called once their rank 0 has stopped on its host.
+      - SGLang 0.5.23 ignores SIGTERM on a rank above 0 (it only logs it; rank 0's ShutdownReq broadcast at the
+        end of its drain stops that rank's schedulers), so such a rank is stopped after rank 0, never before
+        it (the caller orders it), and whatever of it still runs O(kill_after_s) seconds later is killed with
+        SIGKILL (RV(killed)); with its rank 0 stopped no request needs it, and TimeoutStopSec is not waited for.
+    type: str
+    choices: [all, first, above0]
+    default: all
+  kill_after_s:
+    description: With O(ranks=above0), seconds a rank above 0 has to exit after the stop before SIGKILL.
+    type: int
+    default: 30
 author: sgdeploy contributors (@sgdeploy)
 extends_documentation_fragment:
   - sgdeploy.host.attributes
@@ -123,8 +142,11 @@ notes:
   description: Problems met while undoing (the old service was restarted first).
   returned: recover, undo
   type: list
-current: {description: What runs now (commit)., returned: commit, type: dict}
+current: {description: What runs now (commit; empty after retire)., returned: "commit, retire", type: dict}
 removed_runs: {description: Run ids whose leftover staging folders were removed., returned: recover, type: list}
+stopping: {description: The units this call stopped., returned: stop, type: list}
+killed: {description: "Ranks above 0 still running O(kill_after_s) after their stop, killed with SIGKILL.",
+         returned: stop, type: list}
 """
 
 import grp  # noqa: E402
@@ -132,7 +154,6 @@ import os  # noqa: E402
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_deploy_txn as txn  # noqa: E402
-from ansible_collections.sgdeploy.host.plugins.module_utils import sglang_deploy_units as units  # noqa: E402
 from ansible_collections.sgdeploy.host.plugins.module_utils.sglang_deploy_files import read_json  # noqa: E402
 
 
@@ -165,7 +186,7 @@ def _check_mode(module, paths):
         module.exit_json(changed=before != after, journal={},
                          diff={"before": before, "after": after, "before_header": unit_path,
                                "after_header": unit_path})
-    module.exit_json(changed=True, journal={}, found="", restarted=[], notes=[], current={})
+    module.exit_json(changed=True, journal={}, found="", restarted=[], notes=[], current={}, stopping=[], killed=[])
 
 
 def _begin(module, paths, run_id):
@@ -175,13 +196,8 @@ def _begin(module, paths, run_id):
 
 
 def _stop(module, paths, run_id):
-    journal = txn.set_step(paths, run_id, "stopping")
-    for e in journal["units"]:
-        if e["replaced"]:
-            units.systemctl("stop", "--no-block", e["unit"])
-        elif e["unit"] != journal["new_unit"] and e["enabled"]:
-            units.systemctl("disable", e["unit"])
-    module.exit_json(changed=True, journal=journal)
+    journal, stopping, killed = txn.stop(paths, run_id, module.params["ranks"], module.params["kill_after_s"])
+    module.exit_json(changed=True, journal=journal, stopping=stopping, killed=killed)
 
 
 def _install_texts(module, paths):
@@ -226,6 +242,10 @@ def _undo(module, paths, run_id):
     module.exit_json(changed=True, **txn.undo(paths))
 
 
+def _retire(module, paths, run_id):
+    module.exit_json(changed=True, **txn.retire(paths, run_id))
+
+
 def _commit(module, paths, run_id):
     out = txn.commit(paths, run_id, swap_previous=module.params["swap_previous"])
     module.exit_json(changed=True, **out)
@@ -233,13 +253,14 @@ def _commit(module, paths, run_id):
 
 # The steps after recover, by action (check mode never reaches them).
 ACTIONS = {"begin": _begin, "stop": _stop, "install": _install, "start": _start, "gating": _gating,
-           "undo": _undo, "commit": _commit}
+           "undo": _undo, "commit": _commit, "retire": _retire}
 
 def main():
     module = AnsibleModule(
         argument_spec=dict(
             action=dict(type="str", required=True,
-                        choices=["recover", "begin", "stop", "install", "start", "gating", "undo", "commit"]),
+                        choices=["recover", "begin", "stop", "install", "start", "gating", "undo", "commit",
+                                 "retire"]),
             run_id=dict(type="str", required=True),
             state_dir=dict(type="path", default="/var/lib/sglang-deploy"),
             env_dir=dict(type="path", default="/etc/sglang"),
@@ -253,6 +274,8 @@ def main():
             from_previous=dict(type="str"),
             env_group=dict(type="str", default="sglang"),
             swap_previous=dict(type="bool", default=False),
+            ranks=dict(type="str", default="all", choices=["all", "first", "above0"]),
+            kill_after_s=dict(type="int", default=30),
         ),
         required_if=[("action", "begin", ["deploy"])],
         supports_check_mode=True,
