@@ -58,15 +58,17 @@ def batch_size(text: str, engines: int) -> int:
     return value
 
 
-def rollout_batches(engines: list[dict], batch: int) -> list[list[dict]]:
+def rollout_batches(engines: list[dict], batch: int, canary: bool = True) -> list[list[dict]]:
     """The rollout's batches: the canary (the first engine: the first GPU host's first replica) alone, then the
     others ``batch`` at a time, round-robin over the hosts (every host's replica 0, then every host's replica 1, ...),
-    so that a batch takes engines of different hosts where it can."""
+    so that a batch takes engines of different hosts where it can. ``canary`` False (a rollback): every engine
+    ``batch`` at a time in that order, the first with the others."""
     if not engines:
         return []
     hosts = list(dict.fromkeys(e["host"] for e in engines))
-    rest = sorted(engines[1:], key=lambda e: (e["replica"] or 0, hosts.index(e["host"])))
-    return [[engines[0]]] + [rest[i:i + batch] for i in range(0, len(rest), batch)]
+    first = [[engines[0]]] if canary else []
+    rest = sorted(engines[len(first):], key=lambda e: (e["replica"] or 0, hosts.index(e["host"])))
+    return first + [rest[i:i + batch] for i in range(0, len(rest), batch)]
 
 
 def rollout_steps(batches: list[list[dict]]) -> list[dict]:
@@ -163,6 +165,8 @@ def plan(config: spec.Config, engines: list[Host], routers: list[Host], max_unav
         "replicas_per_host": per_host,
         "batches": batches,
         "steps": rollout_steps(batches),
+        # make rollback: no canary, max_unavailable at a time from the first.
+        "rollback_steps": rollout_steps(rollout_batches(out_engines, batch, canary=False)),
         "workers": [e["url"] for e in out_engines],
         # The first router (the canary's same-window gate reads the old engines through it); each router host's own
         # entry is in routers.

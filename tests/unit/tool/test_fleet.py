@@ -209,3 +209,11 @@ def test_a_limit_without_every_router_host_is_refused_before_any_change(tmp_path
             "LIMIT): name it too, e.g. LIMIT=gpu1,router1,router2") in proc.stdout, proc.stdout[-3000:]
     assert "FLEET PLAN: 2 engine(s) of lab-fleet-b15 behind 2 fleet routers" in proc.stdout, proc.stdout[-3000:]
     assert "UNREACHABLE" not in proc.stdout and "Traceback" not in proc.stdout + proc.stderr
+
+
+def test_a_rollback_goes_max_unavailable_at_a_time_from_the_first_replica():
+    got = fleet.plan(_cfg("lab-fleet-r2-b15"), LAB_ENGINES, LAB_ROUTER, "3")
+    assert [(s["batch"], {h: e["replica"] for h, e in s["engines"].items()}) for s in got["rollback_steps"]] == [
+        (0, {"lab1": 0, "lab2": 0, "lab3": 0}), (1, {"lab1": 1, "lab2": 1, "lab3": 1})]
+    one = fleet.plan(_cfg("lab-fleet-b15"), LAB_ENGINES, LAB_ROUTER, "2")
+    assert [sorted(s["engines"]) for s in one["rollback_steps"]] == [["lab1", "lab2"], ["lab3"]]
