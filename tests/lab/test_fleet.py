@@ -298,7 +298,8 @@ def test_fleet_replicas_each_a_worker_of_every_router_switch_with_no_failed_requ
                                 f"'sglang-router-{R_PORT}*'").stdout
         assert sorted(line.split()[0] for line in units.splitlines() if line.strip()) == [
             "sglang-lab-fleet-r2-b15-r0.service", "sglang-lab-fleet-r2-b15-r1.service"], units
-        assert fleet.ssh(host, f"ss -Hltn 'sport = :{R_PORT}'").stdout.strip() == ""
+        listen = fleet.ssh(host, f"ss -Hltn 'sport = :{R_PORT}'").stdout.split("\n")   # the lab's hosts share one net
+        assert f"{fleet.address(host)}:{R_PORT}" not in [line.split()[3] for line in listen if line.strip()], listen
 
     routers = {f"http://{fleet.address(h)}:{R_PORT}":
                api.read_env_text(fleet.ssh(h, f"cat {api.env_file(R_PORT)}").stdout)[api.CONTROL_KEY_VAR]
