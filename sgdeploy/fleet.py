@@ -137,17 +137,17 @@ def plan(config: spec.Config, engines: list[Host], routers: list[Host], max_unav
                 f"on {far[0].name} ({far[0].ansible_host}) cannot reach: set serving.host or the host's "
                 "sglang_bind_address to an address the router host reaches (with serving.api_key_secret), "
                 "or leave the routers group out")
-        for r in config.replicas:
+        for replica in config.replicas:
             # Without serving.replicas > 1 (no per-host router) the one engine is the config's own unit on
             # serving.port; with it, replica i on serving.port + 1 + 2i, deployed as <config>-r<i>.
-            url = f"{base}:{r.port}"
+            url = f"{base}:{replica.port}"
             if url in seen:
                 raise FleetError(f"hosts {seen[url]} and {host.name}: both engines of {config.name} would be {url}: "
                                  "each GPU host needs its own bind address (sglang_bind_address) behind the fleet "
                                  "router")
             seen[url] = host.name
-            out_engines.append({"host": host.name, "url": url, "name": config.name, "deploy": r.name,
-                                "replica": r.index if config.serving.router else None})
+            out_engines.append({"host": host.name, "url": url, "name": config.name, "deploy": replica.name,
+                                "replica": replica.index if config.serving.router else None})
     batch = batch_size(max_unavailable, len(out_engines))
     batches = rollout_batches(out_engines, batch)
     where = (f"the fleet router on {out_routers[0]['host']} ({out_routers[0]['url']})" if len(out_routers) == 1 else
