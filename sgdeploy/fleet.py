@@ -2,11 +2,13 @@
 more for HA), each in front of the engine of a config on every GPU host (docs/router.md, "The fleet router").
 
 ``plan`` is what the deploy and the rollback ask of the controller before they touch any host: each GPU host's
-engine URL (the config's layout at that host's bind address), each fleet router's address and ports, and how many
-engines a batch takes out at once (``max_unavailable``). It refuses, in one line naming the thing, the value and
-what is allowed, a fleet the router could not reach or that would not fit: an engine bound to loopback while the
-router runs on another host, two engines (or two routers) with one URL, a config with its own per-host router, a bad
-``max_unavailable``. The action plugin ``sgdeploy.host.controller_fleet`` calls it in-process.
+engine URL (the config's layout at that host's bind address; with ``serving.replicas`` N > 1, each of the host's N
+replicas, every one a worker of every fleet router, no per-host router), each fleet router's address and ports, how
+many engines (replicas) a batch takes out at once (``max_unavailable``) and the rollout's batches: the canary (the
+first GPU host's first replica) alone, then the others, round-robin over the hosts, ``max_unavailable`` at a time.
+It refuses, in one line naming the thing, the value and what is allowed, a fleet the router could not reach or that
+would not fit: an engine bound to loopback while the router runs on another host, two engines (or two routers) with
+one URL, a bad ``max_unavailable``. The action plugin ``sgdeploy.host.controller_fleet`` calls it in-process.
 """
 
 from __future__ import annotations
@@ -56,6 +58,37 @@ def batch_size(text: str, engines: int) -> int:
     return value
 
 
+def rollout_batches(engines: list[dict], batch: int, canary: bool = True) -> list[list[dict]]:
+    """The rollout's batches: the canary (the first engine: the first GPU host's first replica) alone, then the
+    others ``batch`` at a time, round-robin over the hosts (every host's replica 0, then every host's replica 1, ...),
+    so that a batch takes engines of different hosts where it can. ``canary`` False (a rollback): every engine
+    ``batch`` at a time in that order, the first with the others."""
+    if not engines:
+        return []
+    hosts = list(dict.fromkeys(e["host"] for e in engines))
+    first = [[engines[0]]] if canary else []
+    rest = sorted(engines[len(first):], key=lambda e: (e["replica"] or 0, hosts.index(e["host"])))
+    return first + [rest[i:i + batch] for i in range(0, len(rest), batch)]
+
+
+def rollout_steps(batches: list[list[dict]]) -> list[dict]:
+    """The batches as the GPU hosts' play runs them: each step at most one engine of each host (the hosts of a step
+    roll theirs at the same time; a host with two engines in one batch rolls them in two steps, one after the other,
+    so never more than the batch is out at once). Each step: its batch's number (0: the canary) and host -> engine."""
+    steps = []
+    for number, members in enumerate(batches):
+        depth: dict[str, int] = {}
+        rows: list[dict] = []
+        for engine in members:
+            k = depth.get(engine["host"], 0)
+            depth[engine["host"]] = k + 1
+            if k == len(rows):
+                rows.append({"batch": number, "engines": {}})
+            rows[k]["engines"][engine["host"]] = engine
+        steps.extend(rows)
+    return steps
+
+
 def _router(config: spec.Config, host: Host, release: str) -> dict:
     """One fleet router: its host, address, ports, unit and URL (the config's serving.port at its bind address)."""
     settings = render.HostSettings(release_label=release, bind_address=host.bind_address or None)
@@ -73,10 +106,6 @@ def plan(config: spec.Config, engines: list[Host], routers: list[Host], max_unav
                          "group out for a router per GPU host")
     if not engines:
         raise FleetError("inventory group gpu_hosts has no host: the fleet router needs at least one engine")
-    if config.serving.router:
-        raise FleetError(f"config {config.name}: serving.replicas {config.serving.replicas} with a per-host router "
-                         "is not allowed behind the fleet router: use serving.replicas 1 (one engine per GPU host, "
-                         "each a worker of the fleet router), or leave the routers group out of the inventory")
     router_names = {r.name for r in routers}
     out_routers = []
     seen_router: dict[str, str] = {}
@@ -98,9 +127,9 @@ def plan(config: spec.Config, engines: list[Host], routers: list[Host], max_unav
         address = render.bind_address(config, settings)
         if address in ("0.0.0.0", "::"):
             # Every address of the host: the router reaches it at the one Ansible uses.
-            url = f"http://{host.ansible_host}:{config.serving.port}"
+            base = f"http://{host.ansible_host}"
         else:
-            url = controller.service_url(config, settings)
+            base = controller.service_url(config, settings).rsplit(":", 1)[0]
         far = [r for r in routers if not (_is_loopback(host.ansible_host) and _is_loopback(r.ansible_host))]
         if _is_loopback(address) and far:
             raise FleetError(
@@ -108,19 +137,36 @@ def plan(config: spec.Config, engines: list[Host], routers: list[Host], max_unav
                 f"on {far[0].name} ({far[0].ansible_host}) cannot reach: set serving.host or the host's "
                 "sglang_bind_address to an address the router host reaches (with serving.api_key_secret), "
                 "or leave the routers group out")
-        if url in seen:
-            raise FleetError(f"hosts {seen[url]} and {host.name}: both engines of {config.name} would be {url}: "
-                             "each GPU host needs its own bind address (sglang_bind_address) behind the fleet router")
-        seen[url] = host.name
-        out_engines.append({"host": host.name, "url": url, "name": config.name})
+        for replica in config.replicas:
+            # Without serving.replicas > 1 (no per-host router) the one engine is the config's own unit on
+            # serving.port; with it, replica i on serving.port + 1 + 2i, deployed as <config>-r<i>.
+            url = f"{base}:{replica.port}"
+            if url in seen:
+                raise FleetError(f"hosts {seen[url]} and {host.name}: both engines of {config.name} would be {url}: "
+                                 "each GPU host needs its own bind address (sglang_bind_address) behind the fleet "
+                                 "router")
+            seen[url] = host.name
+            out_engines.append({"host": host.name, "url": url, "name": config.name, "deploy": replica.name,
+                                "replica": replica.index if config.serving.router else None})
     batch = batch_size(max_unavailable, len(out_engines))
+    batches = rollout_batches(out_engines, batch)
     where = (f"the fleet router on {out_routers[0]['host']} ({out_routers[0]['url']})" if len(out_routers) == 1 else
              f"{len(out_routers)} fleet routers, on "
              + ", ".join(f"{r['host']} ({r['url']})" for r in out_routers[:-1])
              + f" and {out_routers[-1]['host']} ({out_routers[-1]['url']})")
+    per_host = len(config.replicas)
+    what = (f"{len(out_engines)} engine(s)" if not config.serving.router else
+            f"{len(out_engines)} engine(s) ({per_host} replica(s) on each of {len(engines)} GPU host(s))")
+    canary = out_engines[0]
+    canary_name = canary["host"] if canary["replica"] is None else f"{canary['host']} {canary['deploy']}"
     return {
         "config": config.name,
         "engines": out_engines,
+        "replicas_per_host": per_host,
+        "batches": batches,
+        "steps": rollout_steps(batches),
+        # make rollback: no canary, max_unavailable at a time from the first.
+        "rollback_steps": rollout_steps(rollout_batches(out_engines, batch, canary=False)),
         "workers": [e["url"] for e in out_engines],
         # The first router (the canary's same-window gate reads the old engines through it); each router host's own
         # entry is in routers.
@@ -128,6 +174,6 @@ def plan(config: spec.Config, engines: list[Host], routers: list[Host], max_unav
         "routers": out_routers,
         "max_unavailable": batch,
         "api_key_secret": config.serving.api_key_secret or "",
-        "line": (f"{len(out_engines)} engine(s) of {config.name} behind {where}: the canary "
-                 f"({out_engines[0]['host']}) first, then {batch} at a time"),
+        "line": (f"{what} of {config.name} behind {where}: the canary ({canary_name}) first, then {batch} at a "
+                 "time"),
     }

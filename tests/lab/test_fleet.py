@@ -262,3 +262,74 @@ def _verify_routers(fleet, inventory: Path, *args: str) -> subprocess.CompletedP
                           cwd=REPO,
                           env=fleet.ansible_env(), text=True, capture_output=True, timeout=600,
                           stdin=subprocess.DEVNULL)
+
+
+R_PORT = 31400        # serving.replicas 2 behind the fleet routers: replicas on 31401 and 31403 of each GPU host
+R_REPLICA_PORTS = (R_PORT + 1, R_PORT + 3)
+
+
+def _r_listed(fleet) -> dict[str, dict[str, bool]]:
+    """Each fleet router's (port 31400) workers (URL -> healthy), by router host."""
+    out = {}
+    for host in ROUTER_HOSTS:
+        key = api.read_env_text(fleet.ssh(host, f"cat {api.env_file(R_PORT)}").stdout)[api.CONTROL_KEY_VAR]
+        req = urllib.request.Request(f"http://{fleet.address(host)}:{R_PORT}/workers",
+                                     headers={"Authorization": f"Bearer {key}"})
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            out[host] = {w["url"]: w["is_healthy"] for w in json.loads(resp.read())["workers"]}
+    return out
+
+
+def test_fleet_replicas_each_a_worker_of_every_router_switch_with_no_failed_request(fleet):
+    """serving.replicas 2 on each GPU host behind the router pair: six engines, each a worker of both fleet routers (no
+    per-host router); a switch r2-b15 -> r2-b32 with max_unavailable 3 (replicas) under the paced load: the canary
+    (lab1's replica 0) alone, then three replicas at a time; no failed request, never more than three out."""
+    started = time.monotonic()
+    first = fleet.ansible_playbook("playbooks/deploy.yml", "-e", _cfg("lab-fleet-r2-b15"),
+                                   "-e", "fleet_max_unavailable=5", timeout=1200)
+    first_s = round(time.monotonic() - started, 1)
+    assert ("FLEET PLAN: 6 engine(s) (2 replica(s) on each of 3 GPU host(s)) of lab-fleet-r2-b15 behind 2 fleet "
+            "routers, on lab4") in first.stdout, first.stdout[-3000:]
+    engines = {f"http://{fleet.address(h)}:{p}": True for h in GPU_HOSTS for p in R_REPLICA_PORTS}
+    every = {host: engines for host in ROUTER_HOSTS}
+    assert _r_listed(fleet) == every
+    for host in GPU_HOSTS:   # the replicas run; no router on a GPU host, its serving.port free
+        units = fleet.ssh(host, "systemctl list-units --no-legend --state=active 'sglang-*r2*' "
+                                f"'sglang-router-{R_PORT}*'").stdout
+        assert sorted(line.split()[0] for line in units.splitlines() if line.strip()) == [
+            "sglang-lab-fleet-r2-b15-r0.service", "sglang-lab-fleet-r2-b15-r1.service"], units
+        listen = fleet.ssh(host, f"ss -Hltn 'sport = :{R_PORT}'").stdout.split("\n")   # the lab's hosts share one net
+        assert f"{fleet.address(host)}:{R_PORT}" not in [line.split()[3] for line in listen if line.strip()], listen
+
+    routers = {f"http://{fleet.address(h)}:{R_PORT}":
+               api.read_env_text(fleet.ssh(h, f"cat {api.env_file(R_PORT)}").stdout)[api.CONTROL_KEY_VAR]
+               for h in ROUTER_HOSTS}
+    with Load(list(routers), routers, full=len(engines)) as load:
+        phase, proc = _timed(fleet, load, "playbooks/deploy.yml", "-e", _cfg("lab-fleet-r2-b32"),
+                             "-e", "fleet_max_unavailable=3")
+    first_counts = phase.pop("seconds_at_engines_in_router")
+    phase.update(seconds_at_engines_in_router=first_counts,
+                 engine_seconds_lost=sum(n_s * (len(engines) - n) for n, n_s in first_counts.items() if n >= 0))
+    print(f"first deploy of 6 replicas (max_unavailable 5): {first_s} s; switch (max_unavailable 3): "
+          f"{phase['seconds']} s, {phase['requests']} requests, {phase['failed']} failed, "
+          f"p50 {phase['latency_p50_s']} s, p95 {phase['latency_p95_s']} s, "
+          f"fewest engines healthy in each router {phase['min_engines_in_each_router']}, "
+          f"seconds at each count (lab4) {phase['seconds_at_engines_in_router']}")
+    if RESULTS.exists():
+        results = json.loads(RESULTS.read_text())
+        results["replicas"] = {"first_deploy_s": first_s, "switch": phase}
+        RESULTS.write_text(json.dumps(results, indent=1) + "\n")
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    assert "the canary (lab1 lab-fleet-r2-b32-r0) first, then 3 at a time" in proc.stdout, proc.stdout[-4000:]
+    assert ("FLEET ENGINE on lab1 lab-fleet-r2-b32-r0 (the canary): lab-fleet-r2-b32 deployed at "
+            f"http://{fleet.address('lab1')}:{R_PORT + 1}, out of the 2 fleet routers") in proc.stdout, \
+        proc.stdout[-4000:]
+    for host in GPU_HOSTS:
+        for i, port in enumerate(R_REPLICA_PORTS):
+            assert f"FLEET ENGINE on {host} lab-fleet-r2-b32-r{i}" in proc.stdout, proc.stdout[-4000:]
+            out = fleet.ssh(host, f"curl -sf http://{fleet.address(host)}:{port}/get_server_info").stdout
+            assert json.loads(out)["speculative_ddtree_budget"] == 32, (host, port)
+    assert _r_listed(fleet) == every
+    assert phase["requests"] >= 30 and phase["failed"] == 0, phase
+    # max_unavailable counts replicas: the canary alone (5 of 6 left), then three at a time (3 left), never fewer.
+    assert set(phase["min_engines_in_each_router"].values()) == {3}, phase

@@ -42,7 +42,7 @@ def _render(expr: str, **variables) -> object:
 
 
 def _fleet_deploy_vars() -> dict:
-    main = _flat(_tasks(ROLES / "sglang_fleet/tasks/main.yml"))
+    main = _flat(_tasks(ROLES / "sglang_fleet/tasks/engine.yml"))
     return main[_named(main, "Deploy the engine")]["vars"]
 
 
@@ -64,7 +64,7 @@ def test_the_fleet_hands_the_canary_every_running_fleet_router_for_its_watch(can
 
 
 def test_the_canary_is_out_of_the_fleet_routers_for_its_gates_and_back_in_only_for_its_watch():
-    main = _flat(_tasks(ROLES / "sglang_fleet/tasks/main.yml"))
+    main = _flat(_tasks(ROLES / "sglang_fleet/tasks/engine.yml"))
     out, deploy, back = (_named(main, n) for n in ("Take the engine out of every fleet router", "Deploy the engine",
                                                    "Put the engine back into every fleet router"))
     assert out < deploy < back

@@ -52,6 +52,57 @@ def test_two_router_hosts_each_list_every_engine():
     assert one["line"].startswith("3 engine(s) of lab-fleet-b15 behind the fleet router on lab4 (http://127.0.42.14:31300)")
 
 
+def test_replicas_behind_the_fleet_router_are_each_a_worker_of_every_router():
+    """serving.replicas 2 on each of 3 GPU hosts: six engines, every one a worker of the fleet router (no per-host
+    router; port 31400 stays free on the GPU hosts); max_unavailable counts replicas; the canary is one replica."""
+    got = fleet.plan(_cfg("lab-fleet-r2-b15"), LAB_ENGINES, LAB_ROUTER, "3")
+    assert got["workers"] == [f"http://127.0.42.1{h}:{p}" for h in (1, 2, 3) for p in (31401, 31403)]
+    assert [(e["host"], e["deploy"], e["replica"]) for e in got["engines"]] == [
+        (f"lab{h}", f"lab-fleet-r2-b15-r{i}", i) for h in (1, 2, 3) for i in (0, 1)]
+    assert got["router"]["url"] == "http://127.0.42.14:31400" and got["router"]["metrics_port"] == 31399
+    assert got["max_unavailable"] == 3 and got["replicas_per_host"] == 2
+    # The canary alone, then every host's replica 0, then every host's replica 1, three at a time.
+    assert [[(e["host"], e["replica"]) for e in b] for b in got["batches"]] == [
+        [("lab1", 0)], [("lab2", 0), ("lab3", 0), ("lab1", 1)], [("lab2", 1), ("lab3", 1)]]
+    # One engine per host per step: each batch here is one step (its engines on different hosts, rolled together).
+    assert [(s["batch"], {h: e["replica"] for h, e in s["engines"].items()}) for s in got["steps"]] == [
+        (0, {"lab1": 0}), (1, {"lab2": 0, "lab3": 0, "lab1": 1}), (2, {"lab2": 1, "lab3": 1})]
+    assert got["line"] == ("6 engine(s) (2 replica(s) on each of 3 GPU host(s)) of lab-fleet-r2-b15 behind the fleet "
+                           "router on lab4 (http://127.0.42.14:31400): the canary (lab1 lab-fleet-r2-b15-r0) first, "
+                           "then 3 at a time")
+
+
+@pytest.mark.parametrize("text,want", [("5", 5), ("50%", 3), ("100%", 5), ("1", 1)])
+def test_max_unavailable_counts_replicas(text, want):
+    """Six replicas (3 hosts x 2): at most 5 out at once after the canary; 6 is refused, naming the replicas' count."""
+    got = fleet.plan(_cfg("lab-fleet-r2-b15"), LAB_ENGINES, LAB_ROUTER, text)
+    assert got["max_unavailable"] == want
+    assert sum(len(b) for b in got["batches"]) == 6 and len(got["batches"][0]) == 1
+    assert all(len(b) <= want for b in got["batches"])
+    for step in got["steps"]:  # never two engines of one host in one step, and a step never spans two batches
+        assert len(step["engines"]) == len({e["host"] for e in step["engines"].values()})
+    with pytest.raises(fleet.FleetError, match=r"^max_unavailable '6' is not allowed: use a whole number from 1 to 5,"
+                                               r".*of the 6 engine\(s\)"):
+        fleet.plan(_cfg("lab-fleet-r2-b15"), LAB_ENGINES, LAB_ROUTER, "6")
+
+
+def test_a_host_with_two_engines_in_one_batch_rolls_them_one_after_the_other():
+    """Two GPU hosts x 2 replicas, max_unavailable 3: the batch after the canary holds both of lab2's replicas, which
+    go in two steps (one at a time on lab2), lab1's replica 1 beside the first."""
+    got = fleet.plan(_cfg("lab-fleet-r2-b15"), LAB_ENGINES[:2], LAB_ROUTER, "3")
+    assert [[(e["host"], e["replica"]) for e in b] for b in got["batches"]] == [
+        [("lab1", 0)], [("lab2", 0), ("lab1", 1), ("lab2", 1)]]
+    assert [(s["batch"], {h: e["replica"] for h, e in s["engines"].items()}) for s in got["steps"]] == [
+        (0, {"lab1": 0}), (1, {"lab2": 0, "lab1": 1}), (1, {"lab2": 1})]
+
+
+def test_one_engine_per_host_batches_as_the_hosts():
+    got = fleet.plan(_cfg("lab-fleet-b15"), LAB_ENGINES, LAB_ROUTER, "2")
+    assert [[e["host"] for e in b] for b in got["batches"]] == [["lab1"], ["lab2", "lab3"]]
+    assert [e["replica"] for e in got["engines"]] == [None] * 3
+    assert [e["deploy"] for e in got["engines"]] == ["lab-fleet-b15"] * 3
+
+
 def test_no_router_host_is_refused():
     with pytest.raises(fleet.FleetError, match=r"^inventory group routers has no host"):
         fleet.plan(_cfg("lab-fleet-b15"), LAB_ENGINES, [])
@@ -83,8 +134,6 @@ def test_a_bad_max_unavailable_is_refused(text):
      r"\(10\.0\.0\.2\) cannot reach: set serving\.host or the host's sglang_bind_address"),
     ([H("g1", "127.0.0.1"), H("g2", "127.0.0.1")], [H("r", "127.0.0.1")], "lab-fleet-b15",
      r"^hosts g1 and g2: both engines of lab-fleet-b15 would be http://127\.0\.0\.1:31300"),
-    (LAB_ENGINES, LAB_ROUTER, "lab-replicas-b15",
-     r"^config lab-replicas-b15: serving\.replicas 2 with a per-host router is not allowed behind the fleet router"),
     (LAB_ENGINES, [LAB_ENGINES[0]], "lab-fleet-b15", r"^host lab1 is in both gpu_hosts and routers"),
     (LAB_ENGINES, LAB_ROUTER + [LAB_ENGINES[1]], "lab-fleet-b15", r"^host lab2 is in both gpu_hosts and routers"),
     (LAB_ENGINES, LAB_ROUTER + [H("lab5", "127.0.42.15", "127.0.42.14")], "lab-fleet-b15",
@@ -160,3 +209,11 @@ def test_a_limit_without_every_router_host_is_refused_before_any_change(tmp_path
             "LIMIT): name it too, e.g. LIMIT=gpu1,router1,router2") in proc.stdout, proc.stdout[-3000:]
     assert "FLEET PLAN: 2 engine(s) of lab-fleet-b15 behind 2 fleet routers" in proc.stdout, proc.stdout[-3000:]
     assert "UNREACHABLE" not in proc.stdout and "Traceback" not in proc.stdout + proc.stderr
+
+
+def test_a_rollback_goes_max_unavailable_at_a_time_from_the_first_replica():
+    got = fleet.plan(_cfg("lab-fleet-r2-b15"), LAB_ENGINES, LAB_ROUTER, "3")
+    assert [(s["batch"], {h: e["replica"] for h, e in s["engines"].items()}) for s in got["rollback_steps"]] == [
+        (0, {"lab1": 0, "lab2": 0, "lab3": 0}), (1, {"lab1": 1, "lab2": 1, "lab3": 1})]
+    one = fleet.plan(_cfg("lab-fleet-b15"), LAB_ENGINES, LAB_ROUTER, "2")
+    assert [sorted(s["engines"]) for s in one["rollback_steps"]] == [["lab1", "lab2"], ["lab3"]]
