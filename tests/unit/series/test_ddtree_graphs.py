@@ -24,8 +24,9 @@ class Runner:
 
     def load_batch(self, fb, *args):
         # 0.5.23's load_batch copies the batch into this runner's buffers, sized for its captured width.
-        assert fb.spec_info.num_tokens_per_req == self.captured_req_width, (
-            f"a batch of width {fb.spec_info.num_tokens_per_req} loaded into buffers of width {self.captured_req_width}")
+        width = fb.spec_info.num_tokens_per_req
+        assert width == self.captured_req_width, (
+            f"a batch of width {width} loaded into buffers of width {self.captured_req_width}")
         self.loaded = fb.batch_size
 
     def execute(self, fb, **kw):
@@ -134,7 +135,8 @@ def test_the_verify_of_a_step_runs_on_its_widths_backend_and_the_servers_own_com
     metadata its load_batch filled; prefill and eager steps keep the server's own."""
     big, small = Runner(65), Runner(16)
     big.attn_backend, small.attn_backend = "own", "width16"
-    mr = SimpleNamespace(attn_backend="own", decode_cuda_graph_runner=graphs.WidthDispatchRunner({65: big, 16: small}, big))
+    dispatch = graphs.WidthDispatchRunner({65: big, 16: small}, big)
+    mr = SimpleNamespace(attn_backend="own", decode_cuda_graph_runner=dispatch)
     with graphs.step_backend(mr, 16) as backend:
         assert backend == mr.attn_backend == "width16"
     assert mr.attn_backend == "own"

@@ -30,7 +30,6 @@ import contextlib
 import logging
 
 import torch
-
 from sglang.srt.speculative import ddtree_graphs
 
 logger = logging.getLogger(__name__)
