@@ -139,8 +139,11 @@ def history_rows(records: list[dict], every: bool = False) -> list[dict]:
 def now_rows(now: dict[str, dict | None], records: list[dict]) -> list[dict]:
     """What serves on each host now: one row per deploy whose current.json the host has (or one saying
     nothing is deployed, or that the host did not answer), with the last measured gate numbers of its
-    unit on that host. ``now`` maps each host to what its status module returned (None: no answer)."""
-    rows = []
+    unit on that host. ``now`` maps each host to what its status module returned (None: no answer). The ranks
+    of an engine over several hosts are gathered as they are read and shown as one row (``engine_row``), where
+    its first rank was read."""
+    rows: list[dict | tuple] = []  # a tuple: the key of an engine over several hosts in ``engines``
+    engines: dict[tuple, list[tuple[dict, dict]]] = {}  # (config, engine hosts) -> [(row, current.json entry)]
     for host, data in now.items():
         base = {"host": host, "config": None, "state": "", "release": None, "since": None, "accept_length": None,
                 "tokens_per_s": None, "measured": None}
@@ -157,9 +160,13 @@ def now_rows(now: dict[str, dict | None], records: list[dict]) -> list[dict]:
                           "since": d.get("deployed"), "accept_length": accept, "tokens_per_s": tps,
                           "measured": source.get("finished") if source else None}
             if isinstance(d.get("nnodes"), int) and d["nnodes"] > 1:
-                row["_rank"] = {"nnodes": d["nnodes"], "rank": d.get("node_rank"),
-                                "hosts": tuple(d.get("engine_hosts") or ())}
-            rows.append(row)
+                key = (d.get("config"), tuple(d.get("engine_hosts") or ()))
+                if key not in engines:
+                    engines[key] = []
+                    rows.append(key)
+                engines[key].append((row, d))
+            else:
+                rows.append(row)
         pending = data.get("uncommitted")
         if isinstance(pending, dict) and pending.get("config"):
             rows.append(base | {"config": pending["config"],
@@ -167,44 +174,32 @@ def now_rows(now: dict[str, dict | None], records: list[dict]) -> list[dict]:
                                          "back), " + ("running" if pending.get("active") else "not running")})
         if not deployed and not pending:
             rows.append(base | {"state": "nothing deployed by sgdeploy"})
-    return engine_rows(rows)
+    return [engine_row(engines[r]) if isinstance(r, tuple) else r for r in rows]
 
 
-def engine_rows(rows: list[dict]) -> list[dict]:
+def engine_row(ranks_read: list[tuple[dict, dict]]) -> dict:
     """The ranks of an engine over several hosts (serving.nnodes; docs/multinode.md) as one row: its hosts rank 0
     first, rank 0's state, release and numbers (rank 0 serves and is gated), and every other rank that does not run
-    or was not found. Its ranks are the rows of the same config and engine hosts (current.json's engine_hosts)."""
-    groups: dict[tuple, list[dict]] = {}
-    for row in rows:
-        if "_rank" in row:
-            groups.setdefault((row["config"], row["_rank"]["hosts"]), []).append(row)
-    out = []
-    for row in rows:
-        if "_rank" not in row:
-            out.append(row)
-            continue
-        members = groups.pop((row["config"], row["_rank"]["hosts"]), None)
-        if members is None:  # merged into its engine's row already
-            continue
-        members.sort(key=lambda r: (r["_rank"]["rank"] is None, r["_rank"]["rank"] or 0))
-        nnodes = max(r["_rank"]["nnodes"] for r in members)
-        first = next((r for r in members if r["_rank"]["rank"] == 0), None)
-        ranks = [{"host": r["host"], "rank": r["_rank"]["rank"], "state": r["state"]} for r in members]
-        notes = [f"rank {r['rank']} ({r['host']}) {r['state']}" for r in ranks if r["rank"] != 0
-                 and r["state"] != "running"]
-        found = {r["rank"] for r in ranks}
-        expected = members[0]["_rank"]["hosts"]
-        notes += [f"rank {i}" + (f" ({expected[i]})" if i < len(expected) else "") + " not found"
-                  for i in range(nnodes) if i not in found]
-        lead = first or members[0]
-        state = (lead["state"] if first else "rank 0 not found")
-        merged = {k: v for k, v in lead.items() if k != "_rank"}
-        merged |= {"host": ",".join(r["host"] for r in members), "ranks": ranks,
-                   "state": "; ".join([state, *[n for n in notes if not n.startswith("rank 0 ")]])}
-        if not first:
-            merged |= {"accept_length": None, "tokens_per_s": None, "measured": None}
-        out.append(merged)
-    return out
+    or was not found. ``ranks_read``: each rank's row and its current.json entry (the same config and engine
+    hosts, current.json's engine_hosts)."""
+    members = sorted(ranks_read, key=lambda m: (m[1].get("node_rank") is None, m[1].get("node_rank") or 0))
+    nnodes = max(d["nnodes"] for _, d in members)
+    first = next((r for r, d in members if d.get("node_rank") == 0), None)
+    ranks = [{"host": r["host"], "rank": d.get("node_rank"), "state": r["state"]} for r, d in members]
+    notes = [f"rank {r['rank']} ({r['host']}) {r['state']}" for r in ranks if r["rank"] != 0
+             and r["state"] != "running"]
+    found = {r["rank"] for r in ranks}
+    expected = tuple(members[0][1].get("engine_hosts") or ())
+    notes += [f"rank {i}" + (f" ({expected[i]})" if i < len(expected) else "") + " not found"
+              for i in range(nnodes) if i not in found]
+    lead = first or members[0][0]
+    state = (lead["state"] if first else "rank 0 not found")
+    merged = dict(lead)
+    merged |= {"host": ",".join(r["host"] for r, _ in members), "ranks": ranks,
+               "state": "; ".join([state, *[n for n in notes if not n.startswith("rank 0 ")]])}
+    if not first:
+        merged |= {"accept_length": None, "tokens_per_s": None, "measured": None}
+    return merged
 
 
 def _when(stamp: str | None) -> str:

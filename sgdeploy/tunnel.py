@@ -32,11 +32,14 @@ import shlex
 import socket
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 # Seconds for each step of each hop: the TCP connect, the server's banner, authentication, a channel open.
 TIMEOUT = 30
+# Seconds to wait for a closed SSH transport's thread (and the tunnel's own threads) to end.
+JOIN_S = 2.0
 # ProxyJump chains longer than this (through ssh_config's ProxyJump of the hops) are refused: a loop.
 MAX_HOPS = 8
 # ssh options that tune only ssh's own behaviour: the tunnel's connection is the same without them.
@@ -306,8 +309,8 @@ class Route:
             if transport is not None:
                 with contextlib.suppress(Exception):
                     transport.close()
-                if transport.is_alive():
-                    transport.join(timeout=self.target.timeout)
+                if transport.is_alive():  # closed: its thread ends within its 0.1 s socket polls
+                    transport.join(timeout=JOIN_S)
             if conn.proxy is not None:
                 _end(conn.proxy.process)
         self.hops.clear()
@@ -357,6 +360,8 @@ class _Forwarder(threading.Thread):
     Fabric's own ``Connection.forward_local`` listens with a backlog of 1 and resets some of several
     simultaneous connections (a bench at concurrency 4 lost about one request in sixteen): this keeps
     Fabric's connection and does the forwarding with a normal backlog, one thread per connection.
+    ``stop`` closes the listening socket and every connection's socket and channel first, so a pipe blocked
+    on either end returns at once, then joins the threads within one short deadline.
     """
 
     def __init__(self, transport, local_port: int, remote_host: str, remote_port: int):
@@ -368,7 +373,9 @@ class _Forwarder(threading.Thread):
         self.listener.listen(64)
         self.listener.settimeout(0.2)
         self.stopping = threading.Event()
+        self.lock = threading.Lock()
         self.pipes: list[threading.Thread] = []
+        self.open: set = set()  # the sockets and channels of the connections being piped
         self.errors: list[str] = []
 
     def run(self) -> None:
@@ -382,17 +389,32 @@ class _Forwarder(threading.Thread):
             sock.settimeout(None)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             pipe = threading.Thread(target=self._pipe, args=(sock, peer), daemon=True)
+            with self.lock:
+                self.pipes = [p for p in self.pipes if p.is_alive()]
+                self.pipes.append(pipe)
             pipe.start()
-            self.pipes.append(pipe)
+
+    def _track(self, end) -> bool:
+        """Note an open end of a connection, for ``stop`` to close; False (and it is closed) when stopping."""
+        with self.lock:
+            if not self.stopping.is_set():
+                self.open.add(end)
+                return True
+        _close(end)
+        return False
 
     def _pipe(self, sock: socket.socket, peer) -> None:
-        try:
-            channel = self.transport.open_channel("direct-tcpip", self.remote, peer, timeout=30)
-        except Exception as err:  # the remote end refused, or the transport is gone
-            self.errors.append(f"{type(err).__name__}: {err}")
-            sock.close()
+        if not self._track(sock):
             return
+        channel = None
         try:
+            try:
+                channel = self.transport.open_channel("direct-tcpip", self.remote, peer, timeout=30)
+            except Exception as err:  # the remote end refused, or the transport is gone
+                self.errors.append(f"{type(err).__name__}: {err}")
+                return
+            if not self._track(channel):
+                return
             open_ends = {sock, channel}
             while open_ends and not self.stopping.is_set():
                 ready, _, _ = select.select(list(open_ends), [], [], 0.5)
@@ -408,18 +430,39 @@ class _Forwarder(threading.Thread):
                     else:
                         with contextlib.suppress(OSError):
                             sock.shutdown(socket.SHUT_WR)
-        except OSError:
+        except (OSError, EOFError, ValueError):  # an end closed under it (by ``stop``, or the transport went)
             pass
         finally:
-            channel.close()
-            sock.close()
+            for end in (channel, sock):
+                if end is not None:
+                    with self.lock:
+                        self.open.discard(end)
+                    _close(end)
 
-    def stop(self) -> None:
-        self.stopping.set()
-        self.listener.close()
-        self.join(timeout=5)
-        for pipe in self.pipes:
-            pipe.join(timeout=5)
+    def stop(self, wait: float = JOIN_S) -> None:
+        """Stop accepting, close every connection's socket and channel, then join the threads: ``wait``
+        seconds for all of them together (they are daemons: one that does not end in time does not hold the
+        exit)."""
+        with self.lock:
+            self.stopping.set()
+            ends, pipes = list(self.open), list(self.pipes)
+            self.open.clear()
+        _close(self.listener)
+        for end in ends:
+            _close(end)
+        deadline = time.monotonic() + wait
+        for thread in (self, *pipes):
+            with contextlib.suppress(RuntimeError):  # never started
+                thread.join(timeout=max(0.0, deadline - time.monotonic()))
+
+
+def _close(end) -> None:
+    """Close a socket (shut down first: a thread blocked reading or writing it returns) or a channel."""
+    if isinstance(end, socket.socket):
+        with contextlib.suppress(OSError):
+            end.shutdown(socket.SHUT_RDWR)
+    with contextlib.suppress(Exception):  # paramiko may raise anything on a transport already gone
+        end.close()
 
 
 @contextlib.contextmanager

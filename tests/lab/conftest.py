@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -76,15 +77,37 @@ class LabHandle:
             raise AssertionError(f"ssh {name} {command!r} exited {proc.returncode}:\n{_tail(proc)}")
         return proc
 
-    def remove_configs(self, name: str, prefix: str, router_port: int | None = None) -> None:
-        """Stop and remove, on host ``name``, every deploy whose config starts with ``prefix`` (replicas too: their
-        units, env files and state) and the router on ``router_port``: a file that shares a lab with others leaves
-        its GPUs and ports free for the next file."""
-        units = f"sglang-{prefix}*.service" + (f" sglang-router-{router_port}.service" if router_port else "")
-        self.ssh(name, f"for u in $(systemctl list-units --all --plain --no-legend {units} | awk '{{print $1}}'); do "
-                       "systemctl disable --now $u; done; "
-                       f"rm -rf /etc/systemd/system/sglang-{prefix}* /etc/sglang/{prefix}* "
-                       f"/var/lib/sglang-deploy/{prefix}*; systemctl daemon-reload", timeout=300)
+    def remove_configs(self, name: str, prefix: str, router_port: int | None = None) -> list[str]:
+        """Stop and remove, on host ``name``, every deploy whose config starts with ``prefix`` (replicas too) and
+        the router on ``router_port``: a file that shares a lab with others leaves its GPUs and ports free for the
+        next file. The host's unit, env and state folders are listed first; exactly the entries of those configs
+        (units and their drop-ins, env files, state folders) and of that router (unit, env file) are removed.
+        Returns the paths removed."""
+        dirs = {"units": "/etc/systemd/system", "env": "/etc/sglang", "state": "/var/lib/sglang-deploy"}
+        listing = self.ssh(name, "; ".join(f"echo '== {key}'; ls -1A {path} 2>/dev/null" for key, path in dirs.items()),
+                           timeout=120).stdout
+        found: dict[str, list[str]] = {}
+        key = None
+        for line in listing.splitlines():
+            if line.startswith("== "):
+                key = line[3:]
+                found[key] = []
+            elif key and line:
+                found[key].append(line)
+        router_unit = f"sglang-router-{router_port}.service" if router_port else None
+        router_env = f"router-{router_port}.env" if router_port else None
+        units = [e for e in found.get("units", []) if (e.startswith(f"sglang-{prefix}") and e.endswith(".service"))
+                 or e == router_unit]
+        drop_ins = [e for e in found.get("units", []) if e.startswith(f"sglang-{prefix}") and e.endswith(".service.d")]
+        paths = [f"{dirs['units']}/{e}" for e in units + drop_ins]
+        paths += [f"{dirs['env']}/{e}" for e in found.get("env", []) if e.startswith(prefix) or e == router_env]
+        paths += [f"{dirs['state']}/{e}" for e in found.get("state", []) if e.startswith(prefix)]
+        if not paths:
+            return []
+        steps = [f"systemctl disable --now {' '.join(shlex.quote(u) for u in units)}"] if units else []
+        steps += [f"rm -rf -- {' '.join(shlex.quote(p) for p in paths)}", "systemctl daemon-reload"]
+        self.ssh(name, " && ".join(steps), timeout=300)
+        return paths
 
     def ansible_env(self) -> dict[str, str]:
         env = dict(self.env)

@@ -138,7 +138,10 @@ def _copy(channel: paramiko.Channel, sock: socket.socket) -> None:
                 return
             other = channel if end is sock else sock
             if data:
-                other.sendall(data)
+                try:
+                    other.sendall(data)
+                except OSError:  # the client closed the channel while this end was sending
+                    return
                 continue
             ends.discard(end)
             if end is sock:

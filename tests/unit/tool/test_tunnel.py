@@ -12,8 +12,10 @@ from __future__ import annotations
 import contextlib
 import http.server
 import os
+import socket
 import sys
 import threading
+import time
 import urllib.request
 from pathlib import Path
 
@@ -201,6 +203,72 @@ def test_a_proxycommand_from_ssh_config_is_ended_and_reaped(client_key, web, tmp
         body, during = within(DEADLINE, use)
         assert body == "reached /p" and len(during) == 1
         assert children_running(relay.name) == []
+        assert host.open_transports(wait=5) == [] and client_transports() == []
+
+
+@pytest.fixture
+def flood():
+    """A TCP server on 127.0.0.1 that sends without end to whoever connects (a stream the client stopped
+    reading), and one that accepts and stays silent: what keeps a tunnel's connections open at Ctrl-C."""
+    listeners, stop = [], threading.Event()
+
+    def serve(listener, talk: bool):
+        conns = []
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            conns.append(conn)
+            if talk:
+                threading.Thread(target=lambda c=conn: _send_until_closed(c, stop), daemon=True).start()
+
+    ports = {}
+    for name, talk in (("flood", True), ("silent", False)):
+        listener = socket.create_server(("127.0.0.1", 0))
+        listeners.append(listener)
+        threading.Thread(target=serve, args=(listener, talk), daemon=True).start()
+        ports[name] = listener.getsockname()[1]
+    yield ports
+    stop.set()
+    for listener in listeners:
+        listener.close()
+
+
+def _send_until_closed(conn: socket.socket, stop: threading.Event) -> None:
+    with contextlib.suppress(OSError):
+        while not stop.is_set():
+            conn.sendall(b"x" * 65536)
+
+
+@pytest.mark.parametrize("server", ["flood", "silent"])
+def test_the_tunnel_closes_in_seconds_with_connections_open(client_key, flood, server):
+    """Ctrl-C (leaving ``forward``) while connections through the tunnel are open: one whose client stopped
+    reading a stream (its pipe blocked writing to the client), or idle ones. The tunnel closed its listening
+    socket and channels only after joining each pipe for up to 5 s: two stuck connections took over 10 s."""
+    key, key_file = client_key
+    with SSHServer("root", key) as host:
+        target = tunnel.Target.from_hostvars("gpu-01", {
+            "ansible_host": "127.0.0.1", "ansible_port": host.port, "ansible_user": "root",
+            "ansible_ssh_private_key_file": key_file})
+        clients: list[socket.socket] = []
+
+        def use():
+            with tunnel.forward(target, remote_port=flood[server]) as url:
+                port = int(url.rsplit(":", 1)[1])
+                for _ in range(2):
+                    clients.append(socket.create_connection(("127.0.0.1", port)))
+                    clients[-1].sendall(b"GET / HTTP/1.1\r\n")  # and never reads the answer
+                time.sleep(1.5)  # the streams fill every buffer on the way: the pipes block
+                started = time.monotonic()
+            return time.monotonic() - started
+
+        try:
+            took = within(DEADLINE, use)
+        finally:
+            for c in clients:
+                c.close()
+        assert took < 3, f"the tunnel took {took:.1f} s to close"
         assert host.open_transports(wait=5) == [] and client_transports() == []
 
 
