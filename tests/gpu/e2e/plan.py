@@ -200,9 +200,10 @@ LEARNED_SET = BUDGET + JUDGE
 # 1 -> 16 -> 1 (plan "batches"). The servers tagged "watch" read their own /metrics with the post-deploy watch's code
 # (module_utils/sglang_watch.py) around the greedy run, against the requests' own meta_info numbers.
 SCHEDULE_ENTRIES = ((1, 64), (4, 32), (8, 15))
-# Patch 0005's verify graphs at every scheduled width are opt-in (off: the other widths verify eagerly; ddtree_graphs.py
-# says why); the servers that test them switch them on.
+# Patch 0005's verify graphs at every scheduled width: on by default since the H200 run of 2026-12-05 (ddtree_graphs.py);
+# the servers that test them say so explicitly, and "sched-k8-onegraph" switches them off (the other widths eager).
 GRAPHS_ON = ("SGLANG_DDTREE_SCHEDULE_GRAPHS", "1")
+GRAPHS_OFF = ("SGLANG_DDTREE_SCHEDULE_GRAPHS", "0")
 BATCHES = (1, 4, 8, 16)
 SCHEDULE = (
     Server("ar", "ar", variant=NORADIX, tags=("reference",), max_running=16),
@@ -214,7 +215,7 @@ SCHEDULE = (
     Server("sched-k8", "ddtree-b64", 64, 8, budget_schedule=SCHEDULE_ENTRIES, tags=("watch", "schedule"),
            max_running=16, env=(GRAPHS_ON,)),
     Server("sched-k8-onegraph", "ddtree-b64", 64, 8, budget_schedule=SCHEDULE_ENTRIES, tags=("schedule",),
-           max_running=16),
+           max_running=16, env=(GRAPHS_OFF,)),
 )
 # Issue 38 item 3 ("derive", session 20): the schedule derived on this machine from this run's own timings. AR, DFLASH
 # 16 (the control), DDTREE 15 / 32 / 64 at cap 8 and the guessed schedule 1:64,4:32,8:15 start together and are timed

@@ -160,3 +160,13 @@ def test_the_budget_set_covers_every_budget_cap_and_forking_off():
             assert args["--speculative-ddtree-topk-cap"] == str(s["topk_cap"]), s["name"]
             assert args.get("--speculative-ddtree-topk") == "fused", s["name"]
             assert args["--speculative-ddtree-state-forking"] == ("on" if s["state_forking"] else "off"), s["name"]
+
+
+def test_the_schedule_servers_say_whether_their_per_width_graphs_are_on():
+    """Patch 0005's per-width verify graphs are on by default since the H200 run of 2026-12-05: the one-graph
+    server must switch them off explicitly, or it would measure the same thing as its neighbour."""
+    for name in ("schedule", "derive"):
+        env = {s["name"]: s["env"].get("SGLANG_DDTREE_SCHEDULE_GRAPHS") for s in plan.build(name)["servers"]
+               if "--speculative-ddtree-budget-schedule" in s["args"]}
+        assert env.pop("sched-k8-onegraph") == "0", name
+        assert env and set(env.values()) == {"1"}, (name, env)
