@@ -5,11 +5,16 @@ overrides applied to the config first (as tests/gpu/e2e/plan.py does): the Qwen3
 by models.py (folders on the GPU machine, ``--load-format dummy``), a port per server, and
 ``serving.extra_args`` = ``FULL_ARGS`` (each explained there). Speculative overrides per server give the
 grid: forking off (``state_forking: false``, ``reproduce_state_leak: true``, the full release) and the torch
-top-k (``fused_topk: false``).
+top-k (``fused_topk: false``). ``ddtree-sched`` (issue 38) is DDTREE 32 with the budget schedule ``1:32,6:15``
+(``speculative.budget_schedule``) and patch 0005's verify graphs at every scheduled width
+(``SGLANG_DDTREE_SCHEDULE_GRAPHS=1``, opt-in: the e2e plan's ``GRAPHS_ON``): at the measured batch sizes it runs
+budget 32 at 1 and 15 at 6 and 8, so ``sched_check.py`` compares its step with ``ddtree-b32``'s and
+``ddtree-b15``'s.
 
 Memory (``predict_bytes``): bf16 weights of both models + the KV pools + the recurrent-state pool + the
 speculative intermediate buffers (``sgdeploy.budget.forking_buffer_bytes``: the SSM states and conv windows
-per verify position; DFLASH has the same SSM buffer at its 16 positions, its conv windows deduplicated) +
+per verify position, at the largest scheduled budget where a schedule is set: the server sizes them for it;
+DFLASH has the same SSM buffer at its 16 positions, its conv windows deduplicated) +
 ``RESERVE_GIB`` for activations, CUDA graphs and the CUDA context. ``max_running_requests`` is the largest
 of 8 and below whose prediction fits one GPU (``GPU_GIB``): budget 64 cannot run 8 requests on one H200 in
 bf16 (buffers 83.9 GiB + weights 53.3 GiB), so its batch-8 point is measured at the largest batch that fits.
@@ -52,6 +57,7 @@ GPU_GIB = 139.8  # one H200 as torch reports it (143 771 MiB)
 GPU_RESERVE_GIB = waves.GPU_RESERVE_GIB
 RESERVE_GIB = 6.0  # per server: activations, CUDA graphs, cuBLAS workspace, CUDA context
 FULL = ("ddtree", "fork", "topk")
+SCHEDULE = ((1, 32), (6, 15))  # ddtree-sched: budget 32 at 1-5 running requests, 15 from 6
 
 FULL_ARGS = (
     "--load-format", "dummy",           # random weights: no checkpoint, config.json only
@@ -82,6 +88,8 @@ class Server:
     features: tuple[str, ...] | None = None
     extra: tuple[str, ...] = ()  # server flags the configs have no field for (after FULL_ARGS)
     tags: tuple[str, ...] = ()
+    budget_schedule: tuple[tuple[int, int], ...] = ()  # speculative.budget_schedule: (min_batch, budget) entries
+    env: tuple[tuple[str, str], ...] = ()  # added to the server's environment (not a config field)
 
 
 # In order of importance: a run that stops early still has the first ones.
@@ -100,6 +108,10 @@ SERVERS = (
     # The same at budget 15, where the kernels alone gain least (T = 16): does 0004 cost anything there?
     Server("ddtree-b15-upstreamconv", "ddtree-b15", 15, 8, features=FULL,
            extra=("--speculative-ddtree-tree-conv", "upstream")),
+    # Issue 38 item 3: the budget schedule at the 27B shape, budget 32 at batch 1 and 15 at 6 and 8 (the measured
+    # sizes), with the verify graphs at both widths. Last: a scheduled server that crashes or hangs (e2e F7) costs
+    # only its own measurement, after the fixed budgets it is compared with (same call: ddtree-b15, ddtree-b32).
+    Server("ddtree-sched", "ddtree-b32", 32, 8, budget_schedule=SCHEDULE, env=(e2e_plan.GRAPHS_ON,)),
 )
 
 TARGET_SHAPE = budget.QWEN3_6_27B
@@ -145,8 +157,19 @@ def fit_running(algorithm: str, budget_: int | None, gpu_gib: float = GPU_GIB) -
     return 0
 
 
+def sized_budget(sp: spec.Speculative) -> int | None:
+    """The budget the server sizes its buffers for: the largest scheduled one where a schedule is set (the
+    config's rule makes it equal to ``speculative.budget``; taken from the schedule all the same)."""
+    if sp.budget_schedule:
+        return max(b for _, b in sp.budget_schedule)
+    return sp.budget
+
+
 def _overrides(server: Server, config: spec.Config, port: int, max_running: int) -> dict:
-    out = e2e_plan.model_overrides(config, MODELS, server.budget, server.topk_cap, server.speculative)
+    sp = dict(server.speculative)
+    if server.budget_schedule:
+        sp["budget_schedule"] = [{"min_batch": m, "budget": b} for m, b in server.budget_schedule]
+    out = e2e_plan.model_overrides(config, MODELS, server.budget, server.topk_cap, sp)
     out["serving"] = {"port": port, "nccl_port": port + 1, "mem_fraction_static": 0.88,
                       "max_running_requests": max_running,
                       "extra_args": [*FULL_ARGS, *(DRAFT_ARGS if config.speculative.algorithm != "NONE" else ()),
@@ -166,21 +189,23 @@ def server_entry(server: Server, index: int, gpu_gib: float = GPU_GIB) -> dict:
     port = BASE_PORT + PORT_STEP * index
     probe = harness_config(server, port, MAX_RUNNING)
     sp = probe.speculative
-    running = fit_running(sp.algorithm, sp.budget, gpu_gib)
+    sized = sized_budget(sp)
+    running = fit_running(sp.algorithm, sized, gpu_gib)
     if running < 1:
         raise SystemExit(f"server {server.name}: does not fit one GPU of {gpu_gib} GiB even at 1 request")
     config = harness_config(server, port, running)
     args = render.launch_args(config, render.HostSettings(release_label="fullsize", bind_address="127.0.0.1"))
     features = tuple(server.features) if server.features is not None else config.patch_features
-    mem = predict_bytes(sp.algorithm, sp.budget, running, sp.block_size or 16)
-    t = spec_positions(sp.algorithm, sp.budget, sp.block_size or 16)
+    mem = predict_bytes(sp.algorithm, sized, running, sp.block_size or 16)
+    t = spec_positions(sp.algorithm, sized, sp.block_size or 16)
     return {
         "name": server.name, "config": server.config, "port": port, "algorithm": sp.algorithm,
         "budget": sp.budget, "topk_cap": sp.topk_cap, "state_forking": sp.state_forking,
         "fused_topk": sp.fused_topk, "block_size": sp.block_size, "verify_positions": t,
         "max_running": running, "batches": sorted({min(b, running) for b in BATCHES}),
         "features": list(features), "wheel": e2e_plan.wheel_key(features), "tags": list(server.tags),
-        "args": args, "env": dict(config.serving.env), "predicted_bytes": mem,
+        "budget_schedule": [list(e) for e in sp.budget_schedule] if sp.budget_schedule else None,
+        "args": args, "env": {**dict(config.serving.env), **dict(server.env)}, "predicted_bytes": mem,
         "predicted_forking_gib": round(mem["spec_buffers"] / GIB, 3),
     }
 

@@ -15,8 +15,10 @@ starts only if its estimated time fits before the deadline. Per server, after a 
   over all steps of all runs, each run's median, and the per-request cross-check ``(e2e_latency) /
   spec_verify_ct`` (or / output tokens for AR) from ``meta_info``;
 - **memory**: the server log's ``Mamba Cache is allocated`` line (intermediate SSM states and conv windows,
-  GB = GiB) against the plan's ``sgdeploy.budget`` prediction, the weight and KV lines, and the GPU's used
-  memory (nvidia-smi) once serving;
+  GB = GiB) against the plan's ``sgdeploy.budget`` prediction, the weight and KV lines, the CUDA graphs' capture
+  lines (SGLang's ``Capture ... CUDA graph end`` and patch 0005's ``DDTREE schedule:`` lines: the verify
+  graphs at the other scheduled widths, what they cost, or that those widths verify eagerly), and the GPU's
+  used memory (nvidia-smi) once serving;
 - tag ``profile``: SGLang's ``/start_profile`` (CPU + GPU) over ``PROFILE_STEPS`` decode steps of a batch-1
   run, the trace copied to ``OUT/traces/<server>.trace.json.gz`` (breakdown.py parses it, here if time is
   left and on the CPU afterwards); the hook (hook/) names the DDTree step's parts as profiler ranges.
@@ -177,6 +179,34 @@ MEM_PATTERNS = {
 }
 
 
+# SGLang 0.5.23's cuda_graph_setup: "Capture target verify CUDA graph end. bs=[1, 6, 8], elapsed=9.87 s, mem
+# usage=1.23 GB, avail mem=30.00 GB." (role target/draft, verify/decode; GB = GiB, get_available_gpu_memory).
+GRAPH_END = re.compile(r"Capture (\w+ \w+) CUDA graph end\..*?mem usage=([\d.]+) GB")
+# Patch 0005's ddtree_graphs.install: "DDTREE schedule: target verify graphs at widths [16, 33] (bs [1, 6, 8]),
+# the extra ones in 3.2 s, 0.53 GiB." ("?" GiB where the free memory could not be read).
+SCHEDULE_GRAPHS = re.compile(r"DDTREE schedule: target verify graphs at widths \[([\d, ]*)\] \(bs (.*?)\), "
+                             r"the extra ones in ([\d.]+) s, ([\d.]+|\?) GiB")
+
+
+def graphs_from_log(text: str) -> dict:
+    """The CUDA graphs' memory from the server log: per captured kind (``target verify``, ...) the last
+    capture's GiB, and patch 0005's extra per-width capture (widths, seconds, GiB) or the line saying the
+    other scheduled widths verify eagerly. Empty where the log has none of them."""
+    out: dict = {}
+    captures = {kind: float(gib) for kind, gib in GRAPH_END.findall(text)}
+    if captures:
+        out["capture_gib"] = captures
+    found = SCHEDULE_GRAPHS.findall(text)
+    if found:
+        widths, bs, secs, gib = found[-1]
+        out["schedule_graphs"] = {"widths": [int(w) for w in widths.replace(" ", "").split(",") if w],
+                                  "bs": bs, "extra_s": float(secs), "extra_gib": None if gib == "?" else float(gib)}
+    eager = [ln.strip()[-400:] for ln in text.splitlines() if "DDTREE schedule:" in ln and "eagerly" in ln]
+    if eager:
+        out["schedule_eager"] = eager[-1]
+    return out
+
+
 def memory_from_log(text: str) -> dict:
     out: dict = {}
     for key, pat in MEM_PATTERNS.items():
@@ -187,6 +217,11 @@ def memory_from_log(text: str) -> dict:
         out["forking_gib"] = round(out["intermediate_ssm_gib"] + out.get("intermediate_conv_gib", 0.0), 3)
     out["lines"] = [ln.strip()[-400:] for ln in text.splitlines()
                     if "Mamba Cache is allocated" in ln or "Load weight end" in ln or "KV Cache is allocated" in ln][:6]
+    graphs = graphs_from_log(text)
+    if graphs:
+        out["graphs"] = graphs
+        out["graph_lines"] = [ln.strip()[-400:] for ln in text.splitlines()
+                              if "CUDA graph end" in ln or "DDTREE schedule:" in ln][:8]
     return out
 
 
@@ -315,7 +350,8 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 - the harness run 
                      "measured": "scheduler step_time_dict (SGLANG_RECORD_STEP_TIME, --decode-log-interval 1)"}
     for e in entries:
         results[e["name"]] = {"status": "not started", "predicted_bytes": e["predicted_bytes"],
-                              "max_running": e["max_running"], "batches": e["batches"]}
+                              "max_running": e["max_running"], "batches": e["batches"], "budget": e.get("budget"),
+                              "budget_schedule": e.get("budget_schedule")}
 
     def save() -> None:
         tmp = args.out / "results.json.tmp"
@@ -412,6 +448,11 @@ def summary_lines(results: dict, entries: list[dict]) -> list[str]:
         mem = r.get("memory") or {}
         if "forking_gib" in mem:
             parts.append(f"buffers {mem['forking_gib']} GiB (predicted {e['predicted_forking_gib']})")
+        extra = (mem.get("graphs") or {}).get("schedule_graphs")
+        if extra:
+            parts.append(f"graphs at widths {extra['widths']}: extra {extra['extra_gib']} GiB in {extra['extra_s']} s")
+        elif (mem.get("graphs") or {}).get("schedule_eager"):
+            parts.append("other scheduled widths verify eagerly")
         lines.append(" | ".join(parts))
     return lines
 

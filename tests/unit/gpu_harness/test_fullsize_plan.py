@@ -151,3 +151,42 @@ def test_waves_keep_the_order_and_the_memory(built):
                                                                                         [("c", 0)]]
     with pytest.raises(ValueError, match="server a: predicted 30.0 GiB does not fit a GPU of 20.0 GiB"):
         waves.waves(small, 1, 20 * GIB)
+
+
+def test_the_scheduled_server_renders_its_schedule_and_its_graphs_switch(built):
+    s = {e["name"]: e for e in built["servers"]}
+    sched = s["ddtree-sched"]
+    a = pairs(sched["args"])
+    assert a["--speculative-ddtree-budget-schedule"] == "1:32,6:15"
+    assert a["--speculative-ddtree-budget"] == "32"  # the schedule's largest (the server refuses another)
+    assert a["--speculative-ddtree-topk-cap"] == "8"
+    assert (a["--speculative-ddtree-state-forking"], a["--speculative-ddtree-topk"]) == ("on", "fused")
+    assert a["--max-running-requests"] == "8" and a["--cuda-graph-bs-decode"] == "1"
+    assert "--disable-cuda-graph" not in a
+    assert sched["env"] == {"SGLANG_RECORD_STEP_TIME": "1", "SGLANG_DDTREE_SCHEDULE_GRAPHS": "1"}
+    assert sched["budget_schedule"] == [[1, 32], [6, 15]] and sched["batches"] == [1, 6, 8]
+    assert sched["wheel"] == "ddtree-fork-topk" and sched["config"] == "ddtree-b32"
+    # the fixed servers it is compared with carry no schedule and no graphs switch
+    for fixed in ("ddtree-b15", "ddtree-b32"):
+        assert "--speculative-ddtree-budget-schedule" not in pairs(s[fixed]["args"])
+        assert "SGLANG_DDTREE_SCHEDULE_GRAPHS" not in s[fixed]["env"] and s[fixed]["budget_schedule"] is None
+    names = [e["name"] for e in built["servers"]]
+    assert names[-1] == "ddtree-sched"  # after the fixed budgets in any subset (run.sh runs plan order)
+
+
+def test_the_scheduled_server_is_sized_for_its_largest_budget(built):
+    s = {e["name"]: e for e in built["servers"]}
+    sched, b32, b15 = s["ddtree-sched"], s["ddtree-b32"], s["ddtree-b15"]
+    assert sched["predicted_bytes"] == b32["predicted_bytes"]  # buffers at budget 32 for 8 requests, not at 15
+    assert sched["predicted_bytes"]["spec_buffers"] == budget.forking_buffer_bytes(budget.QWEN3_6_27B, 32, 8)
+    assert sched["predicted_bytes"]["total"] > b15["predicted_bytes"]["total"]
+    assert sched["predicted_bytes"]["total"] / GIB == pytest.approx(105.65, abs=0.01)
+    assert sched["max_running"] == 8 and sched["verify_positions"] == 33
+    assert sched["predicted_bytes"]["total"] <= (full_plan.GPU_GIB - full_plan.GPU_RESERVE_GIB) * GIB
+    assert waves.waves([sched], 1, full_plan.GPU_GIB * GIB) == [[(sched, 0)]]  # one H200 holds it
+
+
+def test_the_buffers_follow_the_schedules_largest_budget():
+    sp = spec.Speculative(algorithm="DDTREE", budget=64, budget_schedule=((1, 64), (8, 15)))
+    assert full_plan.sized_budget(sp) == 64
+    assert full_plan.sized_budget(spec.Speculative(algorithm="DDTREE", budget=15)) == 15

@@ -116,7 +116,8 @@ def test_the_runner_measures_every_server_in_waves(tmp_path, monkeypatch):
                 "predicted_bytes": {"total": 80 * gib, "reserve": 6 * gib},
                 "args": ["--port", str(port), "--mem-fraction-static", "0.88"]}
 
-    plan = {"servers": [entry("a", 39410, [1, 4], ("profile",)), entry("b", 39420, [1, 2]), entry("c", 39430, [1])]}
+    plan = {"servers": [entry("a", 39410, [1, 4], ("profile",)), entry("b", 39420, [1, 2]),
+                        {**entry("c", 39430, [1]), "budget": 32, "budget_schedule": [[1, 32], [6, 15]]}]}
     (tmp_path / "plan.json").write_text(json.dumps(plan))
     out = tmp_path / "out"
     import time
@@ -137,3 +138,6 @@ def test_the_runner_measures_every_server_in_waves(tmp_path, monkeypatch):
     prof = a["profile"]
     assert prof["copied"] == "traces/a.trace.json.gz" and prof["breakdown"]["parts_us_median"]["topk"] == 8.0
     assert res["c"]["gpu"] == 0 and "b2 step 12.0 ms" in (out / "summary.txt").read_text()
+    # the schedule travels into results.json for sched_check.py; a fixed server's is None
+    assert res["c"]["budget_schedule"] == [[1, 32], [6, 15]] and res["c"]["budget"] == 32
+    assert res["a"]["budget_schedule"] is None
