@@ -5,7 +5,7 @@
 #     bash tests/gpu/fullsize/run.sh OUT [SECONDS] [SERVERS]
 # SECONDS (default 540): everything, servers stopped and results written, ends within it.
 # SERVERS: comma-separated names of the plan (default: all); they run in the plan's order of importance,
-# whatever order they are given in (e.g. ddtree-sched,ddtree-b15,ddtree-b32 runs ddtree-sched last).
+# whatever order they are given in (e.g. ddtree-b32,ddtree-sched,ddtree-b15 runs ddtree-b15, ddtree-sched, ddtree-b32).
 set -u
 OUT=${1:?usage: run.sh OUT [SECONDS] [SERVERS]}
 BUDGET=${2:-540}

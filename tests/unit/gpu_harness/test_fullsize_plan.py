@@ -171,7 +171,8 @@ def test_the_scheduled_server_renders_its_schedule_and_its_graphs_switch(built):
         assert "--speculative-ddtree-budget-schedule" not in pairs(s[fixed]["args"])
         assert "SGLANG_DDTREE_SCHEDULE_GRAPHS" not in s[fixed]["env"] and s[fixed]["budget_schedule"] is None
     names = [e["name"] for e in built["servers"]]
-    assert names[-1] == "ddtree-sched"  # after the fixed budgets in any subset (run.sh runs plan order)
+    # run.sh runs plan order: on one H200, ddtree-b15, the schedule, then ddtree-b32 if the deadline allows
+    assert names.index("ddtree-b15") < names.index("ddtree-sched") < names.index("ddtree-b32")
 
 
 def test_the_scheduled_server_is_sized_for_its_largest_budget(built):
