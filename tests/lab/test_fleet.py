@@ -333,3 +333,10 @@ def test_fleet_replicas_each_a_worker_of_every_router_switch_with_no_failed_requ
     assert phase["requests"] >= 30 and phase["failed"] == 0, phase
     # max_unavailable counts replicas: the canary alone (5 of 6 left), then three at a time (3 left), never fewer.
     assert set(phase["min_engines_in_each_router"].values()) == {3}, phase
+    # make verify's router checks (as on the group routers): each fleet router lists every replica of every GPU host
+    # that the hosts' deploy state says runs behind its port (31300: one engine each; 31400: two replicas each).
+    started = time.monotonic()
+    verify = _verify_routers(fleet, fleet.inventory)
+    print(f"make verify on the group routers after the replicas switch: {round(time.monotonic() - started, 1)} s")
+    assert verify.returncode == 0 and "10 passed" in verify.stdout and "failed" not in verify.stdout, \
+        verify.stdout[-3000:] + verify.stderr[-2000:]
