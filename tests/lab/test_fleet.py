@@ -340,3 +340,84 @@ def test_fleet_replicas_each_a_worker_of_every_router_switch_with_no_failed_requ
     print(f"make verify on the group routers after the replicas switch: {round(time.monotonic() - started, 1)} s")
     assert verify.returncode == 0 and "10 passed" in verify.stdout and "failed" not in verify.stdout, \
         verify.stdout[-3000:] + verify.stderr[-2000:]
+
+
+def test_a_change_of_the_replica_count_behind_the_fleet_router_is_refused_before_any_change(fleet):
+    """2 replicas on each GPU host behind the routers' 31400 (the case above), a config with 1: the fleet role does not
+    retire surplus replicas, so the deploy is refused in one line naming the config, both counts and what to do; no
+    replica restarted, both routers unchanged."""
+    since = {(h, i): _active_since(fleet, h, f"sglang-lab-fleet-r2-b32-r{i}.service")
+             for h in GPU_HOSTS for i in (0, 1)}
+    before = _r_listed(fleet)
+    proc = fleet.ansible_playbook("playbooks/deploy.yml", "-e", _cfg("lab-fleet-r1-b15"), check=False, timeout=600)
+    assert proc.returncode != 0
+    assert (f"FLEET REFUSED before any change: config lab-fleet-r1-b15: serving.replicas 1 behind the fleet router "
+            f"http://{fleet.address(ROUTER_HOST)}:{R_PORT} (on {ROUTER_HOST}), which fronts 2 engine(s) on each GPU "
+            "host now: a change of the replica count behind the fleet router is not supported (the surplus engines "
+            f"would not be retired): keep serving.replicas at 2 for port {R_PORT}") in proc.stdout, proc.stdout[-3000:]
+    assert "FLEET ENGINE" not in proc.stdout and "PLAN on" not in proc.stdout, proc.stdout[-3000:]
+    for host in GPU_HOSTS:
+        assert fleet.ssh(host, "test -e /etc/systemd/system/sglang-lab-fleet-r1-b15-r0.service",
+                         check=False).returncode != 0
+    assert {k: _active_since(fleet, k[0], f"sglang-lab-fleet-r2-b32-r{k[1]}.service") for k in since} == since
+    assert _r_listed(fleet) == before
+
+
+WATCH_COLLAPSE = "lab-fleet-b32-watch-collapse"   # lab-fleet-b32, watched; acceptance collapses after 100 requests
+
+
+def _runs(counts: list[int]) -> list[int]:
+    """A router's healthy-engine counts, once a second, with repeats (and failed reads, -1) dropped."""
+    out: list[int] = []
+    for n in counts:
+        if n >= 0 and (not out or out[-1] != n):
+            out.append(n)
+    return out
+
+
+def test_the_fleet_canary_watch_sees_a_collapse_through_the_fleet_routers_and_rolls_it_back(fleet):
+    """The canary's post-deploy watch through the fleet routers (docs/monitoring-watch.md): on what the first case left
+    (lab-fleet-b15 on 31300 of lab1-lab3, both routers), lab-fleet-b32 watched, whose acceptance collapses after 100
+    requests (simulator). Under the paced load through both routers: the canary (lab1) leaves both for its gates, comes
+    back into both for its watch (the only way live traffic reaches it), the watch fails on the collapse, the canary
+    leaves both again, is rolled back to b15 and put back; 0 failed requests, lab2 and lab3 never restarted."""
+    keys = {host: _router_key(fleet, host) for host in ROUTER_HOSTS}
+    every = {host: {_engine_url(fleet, h): True for h in GPU_HOSTS} for host in ROUTER_HOSTS}
+    assert _listed(fleet, keys) == every
+    since = {h: _active_since(fleet, h, "sglang-lab-fleet-b15.service") for h in ("lab2", "lab3")}
+    routers = {_router_url(fleet, h): keys[h] for h in ROUTER_HOSTS}
+    with Load(list(routers), routers, full=len(GPU_HOSTS)) as load:
+        phase, proc = _timed(fleet, load, "playbooks/deploy.yml", "-e", _cfg(WATCH_COLLAPSE))
+        with load.lock:
+            counts = {u: [c[2] for c in load.capacity if c[1] == u] for u in routers}
+    runs = {u.split("//")[1]: _runs(c) for u, c in counts.items()}
+    print(f"watch through the fleet routers: {phase['seconds']} s, {phase['requests']} requests, {phase['failed']} "
+          f"failed, p50 {phase['latency_p50_s']} s, p95 {phase['latency_p95_s']} s, engines healthy in each router "
+          f"(runs) {runs}")
+    if RESULTS.exists():
+        results = json.loads(RESULTS.read_text())
+        results["watch"] = {**phase, "runs": runs}
+        RESULTS.write_text(json.dumps(results, indent=1) + "\n")
+    assert proc.returncode != 0, proc.stdout[-4000:]
+    assert "FLEET ROLLOUT STOPPED on lab1 (the canary)" in proc.stdout and "WATCH FAILED" in proc.stdout, \
+        proc.stdout[-4000:]
+    assert "2 consecutive failed interval(s) (failure_limit 2)" in proc.stdout, proc.stdout[-4000:]
+    assert "it was rolled back and put back into the 2 fleet routers" in proc.stdout, proc.stdout[-4000:]
+    # Watched while back in every router, out of every router again before the rollback: each router went 3 -> 2 (out
+    # for the gates) -> 3 (the watch) -> 2 (out for the rollback) -> 3, never lower.
+    for router, seq in runs.items():
+        assert seq == [3, 2, 3, 2, 3], (router, seq)
+    path = fleet.ssh("lab1", f"ls -1 /var/lib/sglang-deploy/{WATCH_COLLAPSE}/records/*.json | sort | tail -1").stdout
+    record = json.loads(fleet.ssh("lab1", f"cat {path.strip()}").stdout)
+    assert record["outcome"] == "rolled_back" and record["rollback"]["cause"] == "watch", record.get("rollback")
+    watch = record["watch"]
+    bad = [i for i in watch["intervals"] if i["verdict"] == "fail"]
+    assert watch["result"] == "failed" and len(bad) >= 2, watch
+    # The traffic that judged it came through the fleet routers (nothing else sends to the canary during its watch).
+    assert all(i["requests"] >= 3 for i in bad), watch
+    assert any(i["verdict"] == "pass" for i in watch["intervals"]), watch
+    assert _budget(fleet, "lab1") == 15
+    for host in ("lab2", "lab3"):
+        assert _active_since(fleet, host, "sglang-lab-fleet-b15.service") == since[host]
+    assert _listed(fleet, keys) == every
+    assert phase["failed"] == 0 and phase["requests"] >= 30, phase
