@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shlex
 import sys
 from pathlib import Path
@@ -162,8 +163,8 @@ def test_router_worker_api_needs_its_admin_key(host, routers):
 
 
 # On a GPU host: every deploy of its deploy state (``<state_dir>/*/current.json``) whose unit is enabled (a replaced
-# config or a retired replica is not), as JSON lines: its name, unit, engine port, and the per-host router port of its
-# config's replicas (None for a config with one engine). What the fleet router must front is what runs there.
+# config or a retired replica has no current.json or no enabled unit), as JSON lines: its name, unit and engine port.
+# What the fleet router must front is what runs there.
 ENGINES = r"""
 import glob, json, os, subprocess, sys
 for path in sorted(glob.glob(os.path.join(sys.argv[1], "*", "current.json"))):
@@ -174,8 +175,7 @@ for path in sorted(glob.glob(os.path.join(sys.argv[1], "*", "current.json"))):
         continue
     unit = cur.get("unit_name") or "sglang-%s.service" % path.split("/")[-2]
     state = subprocess.run(["systemctl", "is-enabled", unit], capture_output=True, text=True).stdout.strip()
-    print(json.dumps({"name": path.split("/")[-2], "unit": unit, "port": port, "enabled": state == "enabled",
-                      "router_port": (cur.get("router") or {}).get("port")}))
+    print(json.dumps({"name": path.split("/")[-2], "unit": unit, "port": port, "enabled": state == "enabled"}))
 """
 
 
@@ -195,12 +195,19 @@ def gpu_host_engines(host, name: str) -> tuple[list[dict], str]:
     return [d for d in (json.loads(line) for line in out.stdout.splitlines() if line.strip()) if d["enabled"]], ""
 
 
+REPLICA = re.compile(r"^(?P<config>.+)-r(?P<replica>[0-9]+)$")
+
+
 def fleet_ports(engines: list[dict], port: int) -> list[int]:
     """The engine ports of a GPU host that the fleet router on ``port`` fronts, from the host's deploys: the engine
-    of a config with one engine on ``port``, or every replica of a config whose replicas are planned behind
-    ``port`` (serving.replicas N: ``port + 1 + 2i``, deployed as ``<config>-r<i>``; docs/router.md)."""
-    out = {d["port"] for d in engines if d["router_port"] is None and d["port"] == port}
-    out |= {d["port"] for d in engines if d["router_port"] is not None and int(d["router_port"]) == port}
+    on ``port`` (a config with one engine), and every replica behind ``port`` by the port rule (docs/router.md:
+    replica i of a config with serving.replicas N, deployed as ``<config>-r<i>``, serves on ``port + 1 + 2i``; the
+    same rule as the exporter's, module_utils/sglang_exporter.py)."""
+    out = set()
+    for d in engines:
+        m = REPLICA.match(d["name"])
+        if d["port"] == port or (m and d["port"] == port + 1 + 2 * int(m.group("replica"))):
+            out.add(d["port"])
     return sorted(out)
 
 
