@@ -11,8 +11,10 @@ b15 -> b32 with max_unavailable 2, (b) a canary with the simulator's acceptance 
 rollout stops; lab2 and lab3 untouched), (c) `make rollback` with max_unavailable 2 (playbooks/rollback.yml), and
 must see no failed request. Once a second the load reads how many engines each fleet router lists healthy: the
 capacity dip of each phase, printed and written to build/lab-fleet-results.json. The phases follow each other
-without pauses (no separate baseline window), each on what the one before left. Simulated engine: proves
-plumbing, not GPU behaviour.
+without pauses (no separate baseline window), each on what the one before left. Then serving.replicas 2 behind the
+routers (port 31400; make verify's router checks after its switch), a change of that replica count refused before any
+change, and a watched canary (31300) whose acceptance collapses under the load: watched while back in both routers,
+rolled back, 0 failed requests. Simulated engine: proves plumbing, not GPU behaviour.
 """
 
 from __future__ import annotations
