@@ -268,7 +268,14 @@ def cmd_gate(args: argparse.Namespace) -> int:
 
 
 def cmd_tunnel(args: argparse.Namespace) -> int:
-    """Forward a local port to a config's service on one host (it binds to the host's loopback)."""
+    """Forward a local port to a config's service on one host (it binds to the host's loopback), until Ctrl-C,
+    SIGTERM or ``--seconds``.
+
+    Both signals are handled here, not left to Python's default: a process started in the background by a
+    non-interactive shell (a script's ``cmd &``, CI) inherits SIGINT ignored, and Python then never raises
+    KeyboardInterrupt, so Ctrl-C (or a supervisor's SIGINT) did nothing and the tunnel ran out its seconds
+    (lab CI check, 2026-12-05: test_cli's tunnel tests timed out waiting for the exit)."""
+    import signal
     import threading
     from urllib.parse import urlsplit
 
@@ -276,6 +283,12 @@ def cmd_tunnel(args: argparse.Namespace) -> int:
 
     config, name, hostvars = _config_and_host(args)
     remote = urlsplit(_host_service_url(config, hostvars))
+
+    def close(signum, frame):
+        raise KeyboardInterrupt
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, close)
     try:
         with tunnel.forward(tunnel.Target.from_hostvars(name, hostvars), remote.port or 80,
                             remote_host=remote.hostname or "127.0.0.1", local_port=args.local_port) as url:

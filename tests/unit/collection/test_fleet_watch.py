@@ -7,38 +7,19 @@ own templar."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-import yaml
-from ansible.parsing.dataloader import DataLoader
-from ansible.template import Templar, trust_as_template
+from role_tasks import ROLES
+from role_tasks import flat as _flat
+from role_tasks import load as _tasks
+from role_tasks import render as _render
 
-ROLES = Path(__file__).resolve().parents[3] / "collections/ansible_collections/sgdeploy/host/roles"
 ROUTERS = [{"host": "lab4", "url": "http://127.0.42.14:31300"}, {"host": "lab5", "url": "http://127.0.42.15:31300"}]
-
-
-def _tasks(path: Path) -> list[dict]:
-    return yaml.safe_load(path.read_text())
-
-
-def _flat(tasks: list[dict]) -> list[dict]:
-    """Every task in order, block, then rescue (a block's own entry first)."""
-    out = []
-    for t in tasks:
-        out.append(t)
-        out += _flat(t.get("block", [])) + _flat(t.get("rescue", []))
-    return out
 
 
 def _named(tasks: list[dict], start: str) -> int:
     hits = [i for i, t in enumerate(tasks) if t.get("name", "").startswith(start)]
     assert len(hits) == 1, (start, [t.get("name") for t in tasks])
     return hits[0]
-
-
-def _render(expr: str, **variables) -> object:
-    return Templar(loader=DataLoader(), variables=variables).template(trust_as_template(expr))
 
 
 def _fleet_deploy_vars() -> dict:

@@ -371,15 +371,22 @@ def test_rank_0_and_one_host_engines_stop_in_the_first_step(tmp_path, monkeypatc
     assert txn.stop(paths, "run-1", "above0")[1:] == ([], [])
 
 
-def test_retire_removes_a_stopped_rank_and_keeps_what_ran_as_previous(tmp_path, monkeypatch):
-    # make rollback of an engine that grew from one host: the rank above 0 with no previous deploy here goes away.
+def _rank_1_stopped_to_retire(tmp_path, monkeypatch, unit_text: str):
+    """A host whose engine "eng" runs rank 1 of an engine over two hosts, its switch begun with what runs and that
+    rank stopped (the step before ``retire``): (the fake systemd, the paths)."""
     fake = FakeSystemd()
     paths = _rank_host(tmp_path, monkeypatch, fake)
-    put_running(paths, fake, "eng", "[Service]\nExecStart=rank 1\n")
+    put_running(paths, fake, "eng", unit_text)
     _as_rank(paths, "eng", 1)
     current = files.read_json(paths.current("eng"))
     txn.begin(paths, "run-1", {**current, "digest": current["unit_digest"]}, ["sglang-eng.service"])
     txn.stop(paths, "run-1", "above0", sleep=lambda s: None)
+    return fake, paths
+
+
+def test_retire_removes_a_stopped_rank_and_keeps_what_ran_as_previous(tmp_path, monkeypatch):
+    # make rollback of an engine that grew from one host: the rank above 0 with no previous deploy here goes away.
+    fake, paths = _rank_1_stopped_to_retire(tmp_path, monkeypatch, "[Service]\nExecStart=rank 1\n")
     out = txn.retire(paths, "run-1")
     assert out["current"] == {} and out["previous"]["node_rank"] == 1
     for path in (paths.unit("sglang-eng.service"), paths.env("eng"), paths.current("eng"), paths.journal):
@@ -390,13 +397,7 @@ def test_retire_removes_a_stopped_rank_and_keeps_what_ran_as_previous(tmp_path, 
 
 
 def test_an_undo_before_the_retire_puts_the_rank_back_and_starts_it(tmp_path, monkeypatch):
-    fake = FakeSystemd()
-    paths = _rank_host(tmp_path, monkeypatch, fake)
-    put_running(paths, fake, "eng", "[Service]\n")
-    _as_rank(paths, "eng", 1)
-    current = files.read_json(paths.current("eng"))
-    txn.begin(paths, "run-1", {**current, "digest": current["unit_digest"]}, ["sglang-eng.service"])
-    txn.stop(paths, "run-1", "above0", sleep=lambda s: None)
+    fake, paths = _rank_1_stopped_to_retire(tmp_path, monkeypatch, "[Service]\n")
     txn.undo(paths)
     assert fake.state("sglang-eng.service") == "active" and files.read_json(paths.current("eng"))["node_rank"] == 1
     assert os.path.exists(paths.unit("sglang-eng.service")) and not os.path.exists(paths.previous("eng"))

@@ -5,29 +5,14 @@ naming the host and why. The role's own Jinja (rollback_nodes.yml, rollback.yml)
 
 from __future__ import annotations
 
-from pathlib import Path
+from role_tasks import ROLES, flat, load
+from role_tasks import render as _render
 
-import yaml
-from ansible.parsing.dataloader import DataLoader
-from ansible.template import Templar, trust_as_template
-
-ROLE = Path(__file__).resolve().parents[3] / "collections/ansible_collections/sgdeploy/host/roles/sglang_deploy"
-
-
-def _render(expr: str, **variables) -> object:
-    return Templar(loader=DataLoader(), variables=variables).template(trust_as_template(expr))
-
-
-def _flat(tasks: list[dict]) -> list[dict]:
-    out = []
-    for t in tasks:
-        out.append(t)
-        out += _flat(t.get("block", [])) + _flat(t.get("rescue", []))
-    return out
+ROLE = ROLES / "sglang_deploy"
 
 
 def _task(path: str, start: str) -> dict:
-    tasks = [t for t in _flat(yaml.safe_load((ROLE / path).read_text())) if t.get("name", "").startswith(start)]
+    tasks = [t for t in flat(load(ROLE / path)) if t.get("name", "").startswith(start)]
     assert len(tasks) == 1, start
     return tasks[0]
 

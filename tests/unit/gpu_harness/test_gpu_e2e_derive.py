@@ -14,9 +14,10 @@ import plan  # noqa: E402
 from sgdeploy import schedule  # noqa: E402
 
 
-def timing(**tps):
-    return {"timing": {**{k: {"tokens_per_s": v, "accept_length": 2.0, "errors": []} for k, v in tps.items()},
-                       "moving": {"tokens_per_s": tps.pop("moving_", None)}}}
+def timing(moving: float | None = None, **batches):
+    """A server's results with its tokens/s at each batch (``batch1=...``) and over the moving load."""
+    return {"timing": {**{k: {"tokens_per_s": v, "accept_length": 2.0, "errors": []} for k, v in batches.items()},
+                       "moving": {"tokens_per_s": moving}}}
 
 
 def test_the_derive_plan_holds_its_server_back_and_names_what_it_derives_from():
@@ -50,8 +51,8 @@ def test_cells_and_the_projects_derivation_pick_the_fastest_budget_per_batch():
 
 
 def test_compare_says_where_the_derived_server_is_within_three_percent_and_whether_it_beats_every_fixed_one():
-    results = {"d": timing(batch1=350, batch8=1190, moving_=900), "b15": timing(batch1=240, batch8=1200, moving_=800),
-               "b64": timing(batch1=360, batch8=1000, moving_=850), "dflash": timing(batch1=280, moving_=890)}
+    results = {"d": timing(batch1=350, batch8=1190, moving=900), "b15": timing(batch1=240, batch8=1200, moving=800),
+               "b64": timing(batch1=360, batch8=1000, moving=850), "dflash": timing(batch1=280, moving=890)}
     got = derive.compare(results, "d", ["b15", "b64"], "dflash")
     got_rows = [(p["batch"], p["best_fixed"], p["within"]) for p in got["per_batch"]]
     assert got_rows == [(1, "b64", True), (8, "b15", True)]
