@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import subprocess
 import sys
 import time
@@ -127,6 +128,23 @@ def _timed(fleet, load: Load, playbook: str, *args: str) -> tuple[dict, object]:
             **_phase(load, start, load.now())}, proc
 
 
+def _engine_order(stdout: str, prefix: str) -> list[str]:
+    """The GPU hosts (with a replica's deploy name) in the order of their lines that start with ``prefix`` in the
+    playbook's output (each a debug task's "msg")."""
+    return re.findall(r'"msg": "' + re.escape(prefix) + r'(lab\d(?: [\w-]+-r\d)?)[ :]', stdout)
+
+
+def _sample_after(load: Load, t: float, timeout: float = 10.0) -> None:
+    """Until the load's sampler has read every router once after load time ``t`` (it reads them once a second: a
+    playbook that ends within a second of its last router change would otherwise leave that change unread)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        with load.lock:
+            if {c[1] for c in load.capacity if c[0] > t} >= set(load.routers):
+                return
+        time.sleep(0.2)
+
+
 def test_a_fleet_that_does_not_fit_is_refused_before_any_change(fleet):
     proc = fleet.ansible_playbook("playbooks/deploy.yml", "-e", _cfg("lab-fleet-b15"), "-e", "fleet_max_unavailable=3",
                                   check=False, timeout=600)
@@ -176,6 +194,10 @@ def test_fleet_switch_failed_canary_and_rollback_with_no_failed_request(fleet):
         assert "the canary (lab1) first, then 2 at a time" in proc.stdout
         assert (f"FLEET ENGINE on lab1 (the canary): lab-fleet-b32 deployed at {_engine_url(fleet, 'lab1')}, out of "
                 "the 2 fleet routers") in proc.stdout, proc.stdout[-4000:]
+        # The plan's order: the canary's step ran (and ended) before any other engine's (before the fix of step.yml a
+        # later step ran first whenever lab1's result of the step loop came back last).
+        order = _engine_order(proc.stdout, "FLEET ENGINE on ")
+        assert order[0] == "lab1" and sorted(order[1:]) == ["lab2", "lab3"], proc.stdout[-4000:]
         for host in GPU_HOSTS:
             assert _budget(fleet, host) == 32
         # The canary was benched beside the old engines through the fleet router, in the same window.
@@ -206,6 +228,9 @@ def test_fleet_switch_failed_canary_and_rollback_with_no_failed_request(fleet):
             assert f"FLEET ENGINE ROLLED BACK on {host}: {_engine_url(fleet, host)}, out of the 2 fleet routers" \
                 in proc.stdout, proc.stdout[-4000:]
             assert _budget(fleet, host) == 15
+        # lab1 and lab2 (the first step, together) before lab3.
+        assert sorted(_engine_order(proc.stdout, "FLEET ENGINE ROLLED BACK on ")[:2]) == ["lab1", "lab2"], \
+            proc.stdout[-4000:]
         assert _listed(fleet, keys) == every
 
     failed = [d for d in load.done if not d[3]]
@@ -284,7 +309,7 @@ def _r_listed(fleet) -> dict[str, dict[str, bool]]:
 
 def test_fleet_replicas_each_a_worker_of_every_router_switch_with_no_failed_request(fleet):
     """serving.replicas 2 on each GPU host behind the router pair: six engines, each a worker of both fleet routers (no
-    per-host router); a switch r2-b15 -> r2-b32 with max_unavailable 3 (replicas) under the paced load: the canary
+    per-host router); a switch r2-b15 -> r2-b32 with max_unavailable 50% (3 replicas) under the paced load: the canary
     (lab1's replica 0) alone, then three replicas at a time; no failed request, never more than three out."""
     started = time.monotonic()
     first = fleet.ansible_playbook("playbooks/deploy.yml", "-e", _cfg("lab-fleet-r2-b15"),
@@ -307,12 +332,13 @@ def test_fleet_replicas_each_a_worker_of_every_router_switch_with_no_failed_requ
                api.read_env_text(fleet.ssh(h, f"cat {api.env_file(R_PORT)}").stdout)[api.CONTROL_KEY_VAR]
                for h in ROUTER_HOSTS}
     with Load(list(routers), routers, full=len(engines)) as load:
+        # MAX_UNAVAILABLE=50% of the 6 replicas: 3 at a time (sgdeploy.fleet.batch_size), as the plan line says.
         phase, proc = _timed(fleet, load, "playbooks/deploy.yml", "-e", _cfg("lab-fleet-r2-b32"),
-                             "-e", "fleet_max_unavailable=3")
+                             "-e", "fleet_max_unavailable=50%")
     first_counts = phase.pop("seconds_at_engines_in_router")
     phase.update(seconds_at_engines_in_router=first_counts,
                  engine_seconds_lost=sum(n_s * (len(engines) - n) for n, n_s in first_counts.items() if n >= 0))
-    print(f"first deploy of 6 replicas (max_unavailable 5): {first_s} s; switch (max_unavailable 3): "
+    print(f"first deploy of 6 replicas (max_unavailable 5): {first_s} s; switch (max_unavailable 50%: 3): "
           f"{phase['seconds']} s, {phase['requests']} requests, {phase['failed']} failed, "
           f"p50 {phase['latency_p50_s']} s, p95 {phase['latency_p95_s']} s, "
           f"fewest engines healthy in each router {phase['min_engines_in_each_router']}, "
@@ -322,7 +348,9 @@ def test_fleet_replicas_each_a_worker_of_every_router_switch_with_no_failed_requ
         results["replicas"] = {"first_deploy_s": first_s, "switch": phase}
         RESULTS.write_text(json.dumps(results, indent=1) + "\n")
     assert proc.returncode == 0, proc.stdout[-4000:]
-    assert "the canary (lab1 lab-fleet-r2-b32-r0) first, then 3 at a time" in proc.stdout, proc.stdout[-4000:]
+    assert ("FLEET PLAN: 6 engine(s) (2 replica(s) on each of 3 GPU host(s)) of lab-fleet-r2-b32 behind 2 fleet "
+            "routers") in proc.stdout and "the canary (lab1 lab-fleet-r2-b32-r0) first, then 3 at a time" \
+        in proc.stdout, proc.stdout[-4000:]
     assert ("FLEET ENGINE on lab1 lab-fleet-r2-b32-r0 (the canary): lab-fleet-r2-b32 deployed at "
             f"http://{fleet.address('lab1')}:{R_PORT + 1}, out of the 2 fleet routers") in proc.stdout, \
         proc.stdout[-4000:]
@@ -331,6 +359,7 @@ def test_fleet_replicas_each_a_worker_of_every_router_switch_with_no_failed_requ
             assert f"FLEET ENGINE on {host} lab-fleet-r2-b32-r{i}" in proc.stdout, proc.stdout[-4000:]
             out = fleet.ssh(host, f"curl -sf http://{fleet.address(host)}:{port}/get_server_info").stdout
             assert json.loads(out)["speculative_ddtree_budget"] == 32, (host, port)
+    assert _engine_order(proc.stdout, "FLEET ENGINE on ")[0] == "lab1 lab-fleet-r2-b32-r0", proc.stdout[-4000:]
     assert _r_listed(fleet) == every
     assert phase["requests"] >= 30 and phase["failed"] == 0, phase
     # max_unavailable counts replicas: the canary alone (5 of 6 left), then three at a time (3 left), never fewer.
@@ -365,6 +394,44 @@ def test_a_change_of_the_replica_count_behind_the_fleet_router_is_refused_before
     assert _r_listed(fleet) == before
 
 
+def test_make_rollback_of_replicas_behind_the_fleet_routers_with_no_failed_request(fleet):
+    """make rollback MAX_UNAVAILABLE=3 on what the replicas case left (lab-fleet-r2-b32, 2 replicas on each GPU host
+    behind both routers' 31400) under the paced load through both routers: every replica's own previous deploy
+    (lab-fleet-r2-b15-r<i>), 3 at a time (every host's replica 0, then every host's replica 1), each out of both fleet
+    routers and back in; no failed request, never fewer than 3 healthy in either router."""
+    every = {host: {f"http://{fleet.address(h)}:{p}": True for h in GPU_HOSTS for p in R_REPLICA_PORTS}
+             for host in ROUTER_HOSTS}
+    assert _r_listed(fleet) == every
+    routers = {f"http://{fleet.address(h)}:{R_PORT}":
+               api.read_env_text(fleet.ssh(h, f"cat {api.env_file(R_PORT)}").stdout)[api.CONTROL_KEY_VAR]
+               for h in ROUTER_HOSTS}
+    with Load(list(routers), routers, full=len(GPU_HOSTS) * len(R_REPLICA_PORTS)) as load:
+        phase, proc = _timed(fleet, load, "playbooks/rollback.yml", "-e", _cfg("lab-fleet-r2-b32"),
+                             "-e", "fleet_max_unavailable=3")
+    print(f"rollback of 6 replicas (max_unavailable 3): {phase['seconds']} s, {phase['requests']} requests, "
+          f"{phase['failed']} failed, p50 {phase['latency_p50_s']} s, p95 {phase['latency_p95_s']} s, fewest engines "
+          f"healthy in each router {phase['min_engines_in_each_router']}")
+    if RESULTS.exists():
+        results = json.loads(RESULTS.read_text())
+        results["replicas"] = {**results.get("replicas", {}), "rollback": phase}
+        RESULTS.write_text(json.dumps(results, indent=1) + "\n")
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    for host in GPU_HOSTS:
+        for i, port in enumerate(R_REPLICA_PORTS):
+            assert (f"FLEET ENGINE ROLLED BACK on {host} lab-fleet-r2-b32-r{i}: http://{fleet.address(host)}:{port}, "
+                    "out of the 2 fleet routers") in proc.stdout, proc.stdout[-4000:]
+            out = fleet.ssh(host, f"curl -sf http://{fleet.address(host)}:{port}/get_server_info").stdout
+            assert json.loads(out)["speculative_ddtree_budget"] == 15, (host, port)
+            active = fleet.ssh(host, f"systemctl is-active sglang-lab-fleet-r2-b15-r{i}.service", check=False)
+            assert active.stdout.strip() == "active", (host, i, active.stdout)
+    # Every host's replica 0 (one step) before any replica 1.
+    order = _engine_order(proc.stdout, "FLEET ENGINE ROLLED BACK on ")
+    assert sorted(order[:3]) == [f"{h} lab-fleet-r2-b32-r0" for h in GPU_HOSTS], order
+    assert _r_listed(fleet) == every
+    assert phase["requests"] >= 30 and phase["failed"] == 0, phase
+    assert set(phase["min_engines_in_each_router"].values()) == {3}, phase
+
+
 WATCH_COLLAPSE = "lab-fleet-b32-watch-collapse"   # lab-fleet-b32, watched; acceptance collapses after 100 requests
 
 
@@ -390,6 +457,7 @@ def test_the_fleet_canary_watch_sees_a_collapse_through_the_fleet_routers_and_ro
     routers = {_router_url(fleet, h): keys[h] for h in ROUTER_HOSTS}
     with Load(list(routers), routers, full=len(GPU_HOSTS)) as load:
         phase, proc = _timed(fleet, load, "playbooks/deploy.yml", "-e", _cfg(WATCH_COLLAPSE))
+        _sample_after(load, load.now())
         with load.lock:
             counts = {u: [c[2] for c in load.capacity if c[1] == u] for u in routers}
     runs = {u.split("//")[1]: _runs(c) for u, c in counts.items()}
