@@ -12,8 +12,9 @@ rollout stops; lab2 and lab3 untouched), (c) `make rollback` with max_unavailabl
 must see no failed request. Once a second the load reads how many engines each fleet router lists healthy: the
 capacity dip of each phase, printed and written to build/lab-fleet-results.json. The phases follow each other
 without pauses (no separate baseline window), each on what the one before left. Then serving.replicas 2 behind the
-routers (port 31400; make verify's router checks after its switch), a change of that replica count refused before any
-change, and a watched canary (31300) whose acceptance collapses under the load: watched while back in both routers,
+routers (port 31400; its switch at max_unavailable 50%; make verify's router checks after it), a change of that
+replica count refused before any change, `make rollback` of the replicas through both routers under the load, and a
+watched canary (31300) whose acceptance collapses under the load: watched while back in both routers,
 rolled back, 0 failed requests. Simulated engine: proves plumbing, not GPU behaviour.
 """
 
