@@ -177,3 +177,32 @@ def plan(config: spec.Config, engines: list[Host], routers: list[Host], max_unav
         "line": (f"{what} of {config.name} behind {where}: the canary ({canary_name}) first, then {batch} at a "
                  "time"),
     }
+
+
+def replica_count_change(fleet: dict, installed: dict[str, list[str]]) -> str:
+    """The one line that refuses a change of the replica count behind the fleet router, or "" (docs/router.md, "The
+    fleet router"). ``installed`` maps a router host to the workers of its installed fleet router unit on the plan's
+    port (hosts without one are left out): a GPU host with K of them (its engines now) where the plan wants N != K
+    replicas would keep its surplus engines running (the fleet role does not retire them) or mix an engine on
+    ``serving.port`` with replicas; so the rollout is refused before any change. A first deploy (no unit) passes."""
+    want = fleet["replicas_per_host"]
+    bases: dict[str, str] = {}
+    for e in fleet["engines"]:
+        bases.setdefault(e["host"], e["url"].rsplit(":", 1)[0])
+    for router in fleet["routers"]:
+        if router["host"] not in installed:
+            continue
+        workers = [w.rstrip("/") for w in installed[router["host"]]]
+        now = {host: sum(1 for w in workers if w.rsplit(":", 1)[0] == base) for host, base in bases.items()}
+        changed = {host: n for host, n in now.items() if n and n != want}
+        if not changed:
+            continue
+        counts = sorted(set(changed.values()))
+        old = (f"{counts[0]} engine(s) on each GPU host" if len(counts) == 1 and len(changed) == len(bases) else
+               ", ".join(f"{n} engine(s) on {host}" for host, n in changed.items()))
+        return (f"config {fleet['config']}: serving.replicas {want} behind the fleet router {router['url']} (on "
+                f"{router['host']}), which fronts {old} now: a change of the replica count behind the fleet router "
+                f"is not supported (the surplus engines would not be retired): keep serving.replicas at "
+                f"{' or '.join(map(str, counts))} for port {router['port']} (sgdeploy does not change the "
+                "replica count of a running fleet yet)")
+    return ""

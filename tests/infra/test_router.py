@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shlex
 import sys
 from pathlib import Path
@@ -161,11 +162,64 @@ def test_router_worker_api_needs_its_admin_key(host, routers):
     report(problems)
 
 
+# On a GPU host: every deploy of its deploy state (``<state_dir>/*/current.json``) whose unit is enabled (a replaced
+# config or a retired replica has no current.json or no enabled unit), as JSON lines: its name, unit and engine port.
+# What the fleet router must front is what runs there.
+ENGINES = r"""
+import glob, json, os, subprocess, sys
+for path in sorted(glob.glob(os.path.join(sys.argv[1], "*", "current.json"))):
+    try:
+        cur = json.load(open(path, encoding="utf-8"))
+        port = int(cur["ports"][0])
+    except (OSError, ValueError, KeyError, IndexError, TypeError):
+        continue
+    unit = cur.get("unit_name") or "sglang-%s.service" % path.split("/")[-2]
+    state = subprocess.run(["systemctl", "is-enabled", unit], capture_output=True, text=True).stdout.strip()
+    print(json.dumps({"name": path.split("/")[-2], "unit": unit, "port": port, "enabled": state == "enabled"}))
+"""
+
+
+def gpu_host_engines(host, name: str) -> tuple[list[dict], str]:
+    """The enabled deploys of GPU host ``name`` (ENGINES), asked on that host; ([], why) when it cannot be asked."""
+    backend = host.backend
+    other = host.get_host(f"ansible://{name}", ansible_inventory=backend.ansible_inventory,
+                          ssh_config=backend.ssh_config, ssh_identity_file=backend.ssh_identity_file)
+    state_dir = str(backend.ansible_runner.get_variables(name).get("sglang_deploy_state_dir") or
+                    "/var/lib/sglang-deploy")
+    try:
+        out = other.run(f"python3 -c {shlex.quote(ENGINES)} {shlex.quote(state_dir)}")
+    except RuntimeError as exc:   # testinfra raises when ssh itself fails
+        return [], f"cannot run a command there ({exc})"
+    if out.rc != 0:
+        return [], f"cannot read its deploy state ({(out.stderr.strip().splitlines() or [out.rc])[-1]})"
+    return [d for d in (json.loads(line) for line in out.stdout.splitlines() if line.strip()) if d["enabled"]], ""
+
+
+REPLICA = re.compile(r"^(?P<config>.+)-r(?P<replica>[0-9]+)$")
+
+
+def fleet_ports(engines: list[dict], port: int) -> list[int]:
+    """The engine ports of a GPU host that the fleet router on ``port`` fronts, from the host's deploys: the engine
+    on ``port`` (a config with one engine), and every replica behind ``port`` by the port rule (docs/router.md:
+    replica i of a config with serving.replicas N, deployed as ``<config>-r<i>``, serves on ``port + 1 + 2i``; the
+    same rule as the exporter's, module_utils/sglang_exporter.py)."""
+    out = set()
+    for d in engines:
+        m = REPLICA.match(d["name"])
+        if d["port"] == port or (m and d["port"] == port + 1 + 2 * int(m.group("replica"))):
+            out.add(d["port"])
+    return sorted(out)
+
+
 def test_a_fleet_router_lists_the_engine_of_every_gpu_host(host, routers):
-    """On a host of the inventory group routers (docs/router.md, "The fleet router"), each router's unit names exactly
-    one engine of every host of gpu_hosts (at its sglang_bind_address, else where Ansible reaches it, on the router's
-    port) and nothing else; the check above then holds the router's live list to its unit's. A GPU host's own router
-    (replicas behind it) is not a fleet router: skipped."""
+    """On a host of the inventory group routers (docs/router.md, "The fleet router"), each router's unit names every
+    engine of every host of gpu_hosts that belongs to it (at the host's sglang_bind_address, else where Ansible reaches
+    it) and nothing else; the check above then holds the router's live list to its unit's. Which engines belong to the
+    router on port P is what each GPU host's deploy state says runs there (its enabled deploys, the same source as the
+    engine checks): the engine on P of a config with one engine, or each replica (``P + 1 + 2i``) of a config with
+    serving.replicas N, so that N is what was deployed, not what the controller's config says now. A GPU host with no
+    such deploy is expected on P (one engine), and named. A GPU host's own router (replicas behind it) is not a fleet
+    router: skipped."""
     hostvars = host.ansible.get_variables()
     if "routers" not in hostvars.get("group_names", []):
         pytest.skip("not a fleet router host (inventory group routers)")
@@ -174,18 +228,27 @@ def test_a_fleet_router_lists_the_engine_of_every_gpu_host(host, routers):
     problems = []
     if not gpu_hosts:
         problems.append("inventory group gpu_hosts has no host: the fleet router has no engine to list")
+    deployed = {name: gpu_host_engines(host, name) for name in gpu_hosts}
     for r in routers:
         listed = {u.rstrip("/") for u in r["workers"]}
         claimed: set[str] = set()
+        port = int(r["port"])
         for name in gpu_hosts:
             hv = runner.get_variables(name)
             addresses = [a for a in (hv.get("sglang_bind_address"), hv.get("ansible_host"), name) if a]
-            want = [f"http://{a}:{r['port']}" for a in dict.fromkeys(addresses)]
-            found = [u for u in want if u in listed]
-            if not found:
-                problems.append(f"{r['unit']}: lists no engine of {name} (expected {want[0]}): that engine gets no "
-                                "traffic through this fleet router")
-            claimed.update(found)
-        problems += [f"{r['unit']}: lists {u}, which is the engine of no host of gpu_hosts"
+            engines, why = deployed[name]
+            ports = fleet_ports(engines, port)
+            if why:
+                problems.append(f"{r['unit']}: GPU host {name}: {why}: its engines behind this router are not known")
+            for p in ports or [port]:
+                want = [f"http://{a}:{p}" for a in dict.fromkeys(addresses)]
+                found = [u for u in want if u in listed]
+                if not found:
+                    what = "engine" if p == port else f"replica on port {p}"
+                    problems.append(f"{r['unit']}: lists no {what} of {name} (expected {want[0]}): that engine gets "
+                                    "no traffic through this fleet router"
+                                    + ("" if ports or why else f" (and {name} has no deploy of port {port})"))
+                claimed.update(found)
+        problems += [f"{r['unit']}: lists {u}, which is no engine deployed on a host of gpu_hosts for port {port}"
                      for u in sorted(listed - claimed)]
     report(problems)

@@ -11,14 +11,18 @@ b15 -> b32 with max_unavailable 2, (b) a canary with the simulator's acceptance 
 rollout stops; lab2 and lab3 untouched), (c) `make rollback` with max_unavailable 2 (playbooks/rollback.yml), and
 must see no failed request. Once a second the load reads how many engines each fleet router lists healthy: the
 capacity dip of each phase, printed and written to build/lab-fleet-results.json. The phases follow each other
-without pauses (no separate baseline window), each on what the one before left. Simulated engine: proves
-plumbing, not GPU behaviour.
+without pauses (no separate baseline window), each on what the one before left. Then serving.replicas 2 behind the
+routers (port 31400; its switch at max_unavailable 50%; make verify's router checks after it), a change of that
+replica count refused before any change, `make rollback` of the replicas through both routers under the load, and a
+watched canary (31300) whose acceptance collapses under the load: watched while back in both routers,
+rolled back, 0 failed requests. Simulated engine: proves plumbing, not GPU behaviour.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import subprocess
 import sys
 import time
@@ -125,6 +129,23 @@ def _timed(fleet, load: Load, playbook: str, *args: str) -> tuple[dict, object]:
             **_phase(load, start, load.now())}, proc
 
 
+def _engine_order(stdout: str, prefix: str) -> list[str]:
+    """The GPU hosts (with a replica's deploy name) in the order of their lines that start with ``prefix`` in the
+    playbook's output (each a debug task's "msg")."""
+    return re.findall(r'"msg": "' + re.escape(prefix) + r'(lab\d(?: [\w-]+-r\d)?)[ :]', stdout)
+
+
+def _sample_after(load: Load, t: float, timeout: float = 10.0) -> None:
+    """Until the load's sampler has read every router once after load time ``t`` (it reads them once a second: a
+    playbook that ends within a second of its last router change would otherwise leave that change unread)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        with load.lock:
+            if {c[1] for c in load.capacity if c[0] > t} >= set(load.routers):
+                return
+        time.sleep(0.2)
+
+
 def test_a_fleet_that_does_not_fit_is_refused_before_any_change(fleet):
     proc = fleet.ansible_playbook("playbooks/deploy.yml", "-e", _cfg("lab-fleet-b15"), "-e", "fleet_max_unavailable=3",
                                   check=False, timeout=600)
@@ -174,6 +195,10 @@ def test_fleet_switch_failed_canary_and_rollback_with_no_failed_request(fleet):
         assert "the canary (lab1) first, then 2 at a time" in proc.stdout
         assert (f"FLEET ENGINE on lab1 (the canary): lab-fleet-b32 deployed at {_engine_url(fleet, 'lab1')}, out of "
                 "the 2 fleet routers") in proc.stdout, proc.stdout[-4000:]
+        # The plan's order: the canary's step ran (and ended) before any other engine's (before the fix of step.yml a
+        # later step ran first whenever lab1's result of the step loop came back last).
+        order = _engine_order(proc.stdout, "FLEET ENGINE on ")
+        assert order[0] == "lab1" and sorted(order[1:]) == ["lab2", "lab3"], proc.stdout[-4000:]
         for host in GPU_HOSTS:
             assert _budget(fleet, host) == 32
         # The canary was benched beside the old engines through the fleet router, in the same window.
@@ -204,6 +229,9 @@ def test_fleet_switch_failed_canary_and_rollback_with_no_failed_request(fleet):
             assert f"FLEET ENGINE ROLLED BACK on {host}: {_engine_url(fleet, host)}, out of the 2 fleet routers" \
                 in proc.stdout, proc.stdout[-4000:]
             assert _budget(fleet, host) == 15
+        # lab1 and lab2 (the first step, together) before lab3.
+        assert sorted(_engine_order(proc.stdout, "FLEET ENGINE ROLLED BACK on ")[:2]) == ["lab1", "lab2"], \
+            proc.stdout[-4000:]
         assert _listed(fleet, keys) == every
 
     failed = [d for d in load.done if not d[3]]
@@ -282,7 +310,7 @@ def _r_listed(fleet) -> dict[str, dict[str, bool]]:
 
 def test_fleet_replicas_each_a_worker_of_every_router_switch_with_no_failed_request(fleet):
     """serving.replicas 2 on each GPU host behind the router pair: six engines, each a worker of both fleet routers (no
-    per-host router); a switch r2-b15 -> r2-b32 with max_unavailable 3 (replicas) under the paced load: the canary
+    per-host router); a switch r2-b15 -> r2-b32 with max_unavailable 50% (3 replicas) under the paced load: the canary
     (lab1's replica 0) alone, then three replicas at a time; no failed request, never more than three out."""
     started = time.monotonic()
     first = fleet.ansible_playbook("playbooks/deploy.yml", "-e", _cfg("lab-fleet-r2-b15"),
@@ -305,12 +333,13 @@ def test_fleet_replicas_each_a_worker_of_every_router_switch_with_no_failed_requ
                api.read_env_text(fleet.ssh(h, f"cat {api.env_file(R_PORT)}").stdout)[api.CONTROL_KEY_VAR]
                for h in ROUTER_HOSTS}
     with Load(list(routers), routers, full=len(engines)) as load:
+        # MAX_UNAVAILABLE=50% of the 6 replicas: 3 at a time (sgdeploy.fleet.batch_size), as the plan line says.
         phase, proc = _timed(fleet, load, "playbooks/deploy.yml", "-e", _cfg("lab-fleet-r2-b32"),
-                             "-e", "fleet_max_unavailable=3")
+                             "-e", "fleet_max_unavailable=50%")
     first_counts = phase.pop("seconds_at_engines_in_router")
     phase.update(seconds_at_engines_in_router=first_counts,
                  engine_seconds_lost=sum(n_s * (len(engines) - n) for n, n_s in first_counts.items() if n >= 0))
-    print(f"first deploy of 6 replicas (max_unavailable 5): {first_s} s; switch (max_unavailable 3): "
+    print(f"first deploy of 6 replicas (max_unavailable 5): {first_s} s; switch (max_unavailable 50%: 3): "
           f"{phase['seconds']} s, {phase['requests']} requests, {phase['failed']} failed, "
           f"p50 {phase['latency_p50_s']} s, p95 {phase['latency_p95_s']} s, "
           f"fewest engines healthy in each router {phase['min_engines_in_each_router']}, "
@@ -320,7 +349,9 @@ def test_fleet_replicas_each_a_worker_of_every_router_switch_with_no_failed_requ
         results["replicas"] = {"first_deploy_s": first_s, "switch": phase}
         RESULTS.write_text(json.dumps(results, indent=1) + "\n")
     assert proc.returncode == 0, proc.stdout[-4000:]
-    assert "the canary (lab1 lab-fleet-r2-b32-r0) first, then 3 at a time" in proc.stdout, proc.stdout[-4000:]
+    assert ("FLEET PLAN: 6 engine(s) (2 replica(s) on each of 3 GPU host(s)) of lab-fleet-r2-b32 behind 2 fleet "
+            "routers") in proc.stdout and "the canary (lab1 lab-fleet-r2-b32-r0) first, then 3 at a time" \
+        in proc.stdout, proc.stdout[-4000:]
     assert ("FLEET ENGINE on lab1 lab-fleet-r2-b32-r0 (the canary): lab-fleet-r2-b32 deployed at "
             f"http://{fleet.address('lab1')}:{R_PORT + 1}, out of the 2 fleet routers") in proc.stdout, \
         proc.stdout[-4000:]
@@ -329,7 +360,135 @@ def test_fleet_replicas_each_a_worker_of_every_router_switch_with_no_failed_requ
             assert f"FLEET ENGINE on {host} lab-fleet-r2-b32-r{i}" in proc.stdout, proc.stdout[-4000:]
             out = fleet.ssh(host, f"curl -sf http://{fleet.address(host)}:{port}/get_server_info").stdout
             assert json.loads(out)["speculative_ddtree_budget"] == 32, (host, port)
+    assert _engine_order(proc.stdout, "FLEET ENGINE on ")[0] == "lab1 lab-fleet-r2-b32-r0", proc.stdout[-4000:]
     assert _r_listed(fleet) == every
     assert phase["requests"] >= 30 and phase["failed"] == 0, phase
     # max_unavailable counts replicas: the canary alone (5 of 6 left), then three at a time (3 left), never fewer.
     assert set(phase["min_engines_in_each_router"].values()) == {3}, phase
+    # make verify's router checks (as on the group routers): each fleet router lists every replica of every GPU host
+    # that the hosts' deploy state says runs behind its port (31300: one engine each; 31400: two replicas each).
+    started = time.monotonic()
+    verify = _verify_routers(fleet, fleet.inventory)
+    print(f"make verify on the group routers after the replicas switch: {round(time.monotonic() - started, 1)} s")
+    assert verify.returncode == 0 and "10 passed" in verify.stdout and "failed" not in verify.stdout, \
+        verify.stdout[-3000:] + verify.stderr[-2000:]
+
+
+def test_a_change_of_the_replica_count_behind_the_fleet_router_is_refused_before_any_change(fleet):
+    """2 replicas on each GPU host behind the routers' 31400 (the case above), a config with 1: the fleet role does not
+    retire surplus replicas, so the deploy is refused in one line naming the config, both counts and what to do; no
+    replica restarted, both routers unchanged."""
+    since = {(h, i): _active_since(fleet, h, f"sglang-lab-fleet-r2-b32-r{i}.service")
+             for h in GPU_HOSTS for i in (0, 1)}
+    before = _r_listed(fleet)
+    proc = fleet.ansible_playbook("playbooks/deploy.yml", "-e", _cfg("lab-fleet-r1-b15"), check=False, timeout=600)
+    assert proc.returncode != 0
+    assert (f"FLEET REFUSED before any change: config lab-fleet-r1-b15: serving.replicas 1 behind the fleet router "
+            f"http://{fleet.address(ROUTER_HOST)}:{R_PORT} (on {ROUTER_HOST}), which fronts 2 engine(s) on each GPU "
+            "host now: a change of the replica count behind the fleet router is not supported (the surplus engines "
+            f"would not be retired): keep serving.replicas at 2 for port {R_PORT}") in proc.stdout, proc.stdout[-3000:]
+    assert "FLEET ENGINE" not in proc.stdout and "PLAN on" not in proc.stdout, proc.stdout[-3000:]
+    for host in GPU_HOSTS:
+        assert fleet.ssh(host, "test -e /etc/systemd/system/sglang-lab-fleet-r1-b15-r0.service",
+                         check=False).returncode != 0
+    assert {k: _active_since(fleet, k[0], f"sglang-lab-fleet-r2-b32-r{k[1]}.service") for k in since} == since
+    assert _r_listed(fleet) == before
+
+
+def test_make_rollback_of_replicas_behind_the_fleet_routers_with_no_failed_request(fleet):
+    """make rollback MAX_UNAVAILABLE=3 on what the replicas case left (lab-fleet-r2-b32, 2 replicas on each GPU host
+    behind both routers' 31400) under the paced load through both routers: every replica's own previous deploy
+    (lab-fleet-r2-b15-r<i>), 3 at a time (every host's replica 0, then every host's replica 1), each out of both fleet
+    routers and back in; no failed request, never fewer than 3 healthy in either router."""
+    every = {host: {f"http://{fleet.address(h)}:{p}": True for h in GPU_HOSTS for p in R_REPLICA_PORTS}
+             for host in ROUTER_HOSTS}
+    assert _r_listed(fleet) == every
+    routers = {f"http://{fleet.address(h)}:{R_PORT}":
+               api.read_env_text(fleet.ssh(h, f"cat {api.env_file(R_PORT)}").stdout)[api.CONTROL_KEY_VAR]
+               for h in ROUTER_HOSTS}
+    with Load(list(routers), routers, full=len(GPU_HOSTS) * len(R_REPLICA_PORTS)) as load:
+        phase, proc = _timed(fleet, load, "playbooks/rollback.yml", "-e", _cfg("lab-fleet-r2-b32"),
+                             "-e", "fleet_max_unavailable=3")
+    print(f"rollback of 6 replicas (max_unavailable 3): {phase['seconds']} s, {phase['requests']} requests, "
+          f"{phase['failed']} failed, p50 {phase['latency_p50_s']} s, p95 {phase['latency_p95_s']} s, fewest engines "
+          f"healthy in each router {phase['min_engines_in_each_router']}")
+    if RESULTS.exists():
+        results = json.loads(RESULTS.read_text())
+        results["replicas"] = {**results.get("replicas", {}), "rollback": phase}
+        RESULTS.write_text(json.dumps(results, indent=1) + "\n")
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    for host in GPU_HOSTS:
+        for i, port in enumerate(R_REPLICA_PORTS):
+            assert (f"FLEET ENGINE ROLLED BACK on {host} lab-fleet-r2-b32-r{i}: http://{fleet.address(host)}:{port}, "
+                    "out of the 2 fleet routers") in proc.stdout, proc.stdout[-4000:]
+            out = fleet.ssh(host, f"curl -sf http://{fleet.address(host)}:{port}/get_server_info").stdout
+            assert json.loads(out)["speculative_ddtree_budget"] == 15, (host, port)
+            active = fleet.ssh(host, f"systemctl is-active sglang-lab-fleet-r2-b15-r{i}.service", check=False)
+            assert active.stdout.strip() == "active", (host, i, active.stdout)
+    # Every host's replica 0 (one step) before any replica 1.
+    order = _engine_order(proc.stdout, "FLEET ENGINE ROLLED BACK on ")
+    assert sorted(order[:3]) == [f"{h} lab-fleet-r2-b32-r0" for h in GPU_HOSTS], order
+    assert _r_listed(fleet) == every
+    assert phase["requests"] >= 30 and phase["failed"] == 0, phase
+    assert set(phase["min_engines_in_each_router"].values()) == {3}, phase
+
+
+WATCH_COLLAPSE = "lab-fleet-b32-watch-collapse"   # lab-fleet-b32, watched; acceptance collapses after 100 requests
+
+
+def _runs(counts: list[int]) -> list[int]:
+    """A router's healthy-engine counts, once a second, with repeats (and failed reads, -1) dropped."""
+    out: list[int] = []
+    for n in counts:
+        if n >= 0 and (not out or out[-1] != n):
+            out.append(n)
+    return out
+
+
+def test_the_fleet_canary_watch_sees_a_collapse_through_the_fleet_routers_and_rolls_it_back(fleet):
+    """The canary's post-deploy watch through the fleet routers (docs/monitoring-watch.md): on what the first case left
+    (lab-fleet-b15 on 31300 of lab1-lab3, both routers), lab-fleet-b32 watched, whose acceptance collapses after 100
+    requests (simulator). Under the paced load through both routers: the canary (lab1) leaves both for its gates, comes
+    back into both for its watch (the only way live traffic reaches it), the watch fails on the collapse, the canary
+    leaves both again, is rolled back to b15 and put back; 0 failed requests, lab2 and lab3 never restarted."""
+    keys = {host: _router_key(fleet, host) for host in ROUTER_HOSTS}
+    every = {host: {_engine_url(fleet, h): True for h in GPU_HOSTS} for host in ROUTER_HOSTS}
+    assert _listed(fleet, keys) == every
+    since = {h: _active_since(fleet, h, "sglang-lab-fleet-b15.service") for h in ("lab2", "lab3")}
+    routers = {_router_url(fleet, h): keys[h] for h in ROUTER_HOSTS}
+    with Load(list(routers), routers, full=len(GPU_HOSTS)) as load:
+        phase, proc = _timed(fleet, load, "playbooks/deploy.yml", "-e", _cfg(WATCH_COLLAPSE))
+        _sample_after(load, load.now())
+        with load.lock:
+            counts = {u: [c[2] for c in load.capacity if c[1] == u] for u in routers}
+    runs = {u.split("//")[1]: _runs(c) for u, c in counts.items()}
+    print(f"watch through the fleet routers: {phase['seconds']} s, {phase['requests']} requests, {phase['failed']} "
+          f"failed, p50 {phase['latency_p50_s']} s, p95 {phase['latency_p95_s']} s, engines healthy in each router "
+          f"(runs) {runs}")
+    if RESULTS.exists():
+        results = json.loads(RESULTS.read_text())
+        results["watch"] = {**phase, "runs": runs}
+        RESULTS.write_text(json.dumps(results, indent=1) + "\n")
+    assert proc.returncode != 0, proc.stdout[-4000:]
+    assert "FLEET ROLLOUT STOPPED on lab1 (the canary)" in proc.stdout and "WATCH FAILED" in proc.stdout, \
+        proc.stdout[-4000:]
+    assert "2 consecutive failed interval(s) (failure_limit 2)" in proc.stdout, proc.stdout[-4000:]
+    assert "it was rolled back and put back into the 2 fleet routers" in proc.stdout, proc.stdout[-4000:]
+    # Watched while back in every router, out of every router again before the rollback: each router went 3 -> 2 (out
+    # for the gates) -> 3 (the watch) -> 2 (out for the rollback) -> 3, never lower.
+    for router, seq in runs.items():
+        assert seq == [3, 2, 3, 2, 3], (router, seq)
+    path = fleet.ssh("lab1", f"ls -1 /var/lib/sglang-deploy/{WATCH_COLLAPSE}/records/*.json | sort | tail -1").stdout
+    record = json.loads(fleet.ssh("lab1", f"cat {path.strip()}").stdout)
+    assert record["outcome"] == "rolled_back" and record["rollback"]["cause"] == "watch", record.get("rollback")
+    watch = record["watch"]
+    bad = [i for i in watch["intervals"] if i["verdict"] == "fail"]
+    assert watch["result"] == "failed" and len(bad) >= 2, watch
+    # The traffic that judged it came through the fleet routers (nothing else sends to the canary during its watch).
+    assert all(i["requests"] >= 3 for i in bad), watch
+    assert any(i["verdict"] == "pass" for i in watch["intervals"]), watch
+    assert _budget(fleet, "lab1") == 15
+    for host in ("lab2", "lab3"):
+        assert _active_since(fleet, host, "sglang-lab-fleet-b15.service") == since[host]
+    assert _listed(fleet, keys) == every
+    assert phase["failed"] == 0 and phase["requests"] >= 30, phase

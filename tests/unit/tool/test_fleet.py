@@ -217,3 +217,53 @@ def test_a_rollback_goes_max_unavailable_at_a_time_from_the_first_replica():
         (0, {"lab1": 0, "lab2": 0, "lab3": 0}), (1, {"lab1": 1, "lab2": 1, "lab3": 1})]
     one = fleet.plan(_cfg("lab-fleet-b15"), LAB_ENGINES, LAB_ROUTER, "2")
     assert [sorted(s["engines"]) for s in one["rollback_steps"]] == [["lab1", "lab2"], ["lab3"]]
+
+
+def _installed(workers: list[str], port: int = 31400) -> str:
+    """A fleet router unit's text (role sglang_router) with these workers."""
+    return (f"[Service]\nExecStart=/opt/sglang-router/0.3.2/venv/bin/python launch.py --host 127.0.42.14 --port {port} "
+            f"--worker-urls {' '.join(workers)}\n")
+
+
+R2 = [f"http://127.0.42.1{h}:{p}" for h in (1, 2, 3) for p in (31401, 31403)]
+
+
+@pytest.mark.parametrize(("config", "workers", "want"), [
+    # 2 replicas on each host now, the config asks for 1 (a scale down: replica 1 would keep running).
+    ("lab-fleet-r1-b15", R2, "config lab-fleet-r1-b15: serving.replicas 1 behind the fleet router "
+     "http://127.0.42.14:31400 (on lab4), which fronts 2 engine(s) on each GPU host now: a change of the replica count "
+     "behind the fleet router is not supported (the surplus engines would not be retired): keep serving.replicas at 2 "
+     "for port 31400 (sgdeploy does not change the replica count of a running fleet yet)"),
+    # One engine on 31400 of each host now, the config asks for 2 replicas.
+    ("lab-fleet-r2-b15", [f"http://127.0.42.1{h}:31400" for h in (1, 2, 3)],
+     "serving.replicas 2 behind the fleet router http://127.0.42.14:31400 (on lab4), which fronts 1 engine(s) on each "
+     "GPU host now"),
+    # lab3 has 3 replicas (someone ran the per-host role there): named alone.
+    ("lab-fleet-r2-b15", R2 + ["http://127.0.42.13:31405"], "which fronts 3 engine(s) on lab3 now"),
+])
+def test_a_change_of_the_replica_count_behind_the_fleet_router_is_refused(tmp_path, config, workers, want):
+    if config == "lab-fleet-r1-b15":   # the r2 config with one replica on the same port
+        text = (LAB / "lab-fleet-r2-b15.yml").read_text()
+        data = yaml.safe_load(text)
+        data["serving"]["replicas"] = 1
+        data["serving"]["gpus"] = data["serving"]["gpus"][:len(data["serving"]["gpus"]) // 2]
+        data["serving"]["router"] = True
+        (tmp_path / f"{config}.yml").write_text(yaml.safe_dump(data))
+        cfg = spec.load(str(tmp_path / f"{config}.yml"))
+    else:
+        cfg = _cfg(config)
+    plan = fleet.plan(cfg, LAB_ENGINES, LAB_ROUTER, "1")
+    from ansible_collections.sgdeploy.host.plugins.module_utils.sglang_router_api import parse_router_unit
+    got = fleet.replica_count_change(plan, {"lab4": parse_router_unit(_installed(workers))["workers"]})
+    assert want in got
+    assert "\n" not in got
+
+
+def test_the_same_replica_count_or_a_first_deploy_passes():
+    plan = fleet.plan(_cfg("lab-fleet-r2-b15"), LAB_ENGINES, LAB_ROUTER, "1")
+    from ansible_collections.sgdeploy.host.plugins.module_utils.sglang_router_api import parse_router_unit
+    assert fleet.replica_count_change(plan, {"lab4": parse_router_unit(_installed(R2))["workers"]}) == ""
+    assert fleet.replica_count_change(plan, {}) == ""   # no installed fleet router: a first deploy
+    one = fleet.plan(_cfg("lab-fleet-b15"), LAB_ENGINES, LAB_ROUTER, "1")
+    same = [f"http://127.0.42.1{h}:31300" for h in (1, 2, 3)]
+    assert fleet.replica_count_change(one, {"lab4": parse_router_unit(_installed(same, 31300))["workers"]}) == ""

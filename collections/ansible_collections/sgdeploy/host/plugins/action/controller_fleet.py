@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ansible_collections.sgdeploy.host.plugins.module_utils.sglang_router_api import parse_router_unit
 from ansible_collections.sgdeploy.host.plugins.plugin_utils.controller_action import ControllerAction
 
 ARGUMENT_SPEC = {
@@ -18,6 +19,7 @@ ARGUMENT_SPEC = {
     "engines": {"type": "list", "elements": "str", "required": True},
     "routers": {"type": "list", "elements": "str", "required": True},
     "max_unavailable": {"type": "str", "default": ""},
+    "installed": {"type": "dict", "default": {}},
 }
 
 
@@ -43,6 +45,12 @@ class ActionModule(ControllerAction):
 
             result["fleet"] = fleet.plan(config, [host(n) for n in args["engines"]], [host(n) for n in args["routers"]],
                                          args["max_unavailable"])
+            # The installed fleet routers' units (router host -> unit text): a change of the replica count is refused.
+            workers = {name: parse_router_unit(text)["workers"] for name, text in (args["installed"] or {}).items()}
+            refused = fleet.replica_count_change(result["fleet"], workers)
+            if refused:
+                result.pop("fleet")
+                result.update(failed=True, msg=refused)
         except spec.ConfigError as err:
             result.update(failed=True, msg="\n".join(err.problems), problems=list(err.problems))
         except ValueError as err:  # FleetError

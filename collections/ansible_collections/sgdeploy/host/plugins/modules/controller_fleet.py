@@ -45,6 +45,14 @@ options:
         fewer than the engines); empty for the default 1.
     type: str
     default: ""
+  installed:
+    description:
+      - The installed fleet routers' unit files (router host name to the text of its unit on the config's port); a
+        plan that would change the number of engines on a GPU host that such a router fronts now (a change of
+        O(config)'s C(serving.replicas), or between one engine and replicas) fails with one line naming the config,
+        both counts and what to do (docs/router.md, The fleet router).
+    type: dict
+    default: {}
 extends_documentation_fragment:
   - sgdeploy.host.attributes
   - sgdeploy.host.attributes.read_only
