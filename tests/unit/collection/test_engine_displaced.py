@@ -10,7 +10,8 @@ from role_tasks import ROLES, flat, load
 from role_tasks import render as _render
 
 TASK = "Refuse to stop a rank of an engine over several hosts unless its other hosts stop theirs"
-ENGINE = {"config": "two-host", "unit_name": "sglang-two-host.service", "node_rank": 1, "engine_hosts": ["lab1", "lab2"]}
+ENGINE = {"config": "two-host", "unit_name": "sglang-two-host.service", "node_rank": 1,
+          "engine_hosts": ["lab1", "lab2"]}
 
 
 def _task() -> dict:
@@ -48,11 +49,12 @@ def test_a_rank_whose_partner_does_not_stop_its_rank_is_refused_on_either_host_n
     rank0 = {**ENGINE, "node_rank": 0}
     # lab1's deploy does not displace the engine there (another GPU): lab2 must not stop rank 1 alone.
     msg = _refusals({"lab1": [], "lab2": [ENGINE]}, "lab2")
-    assert msg == ["DEPLOY REFUSED on lab2 before any change: deploying one-host would stop two-host here, rank 1 of an "
-                   "engine over hosts lab1,lab2 whose other host lab1 does not stop it in this batch (refused there, or "
-                   "the deploy there does not displace it); its ranks stop only together, rank 0 first: deploy on every "
-                   "host of the engine in one batch a config that displaces it there (REPLACES=two-host), or roll the "
-                   "engine off first (systemctl disable --now sglang-two-host.service on lab1, then on lab2)"], msg
+    assert msg == ["DEPLOY REFUSED on lab2 before any change: deploying one-host would stop two-host here, rank 1 of "
+                   "an engine over hosts lab1,lab2 whose other host lab1 does not stop it in this batch (refused "
+                   "there, or the deploy there does not displace it); its ranks stop only together, rank 0 first: "
+                   "deploy on every host of the engine in one batch a config that displaces it there "
+                   "(REPLACES=two-host), or roll the engine off first (systemctl disable --now "
+                   "sglang-two-host.service on lab1, then on lab2)"], msg
     # lab2's check refused (its conflicts failed there, or it left the batch): lab1 must not stop rank 0 alone.
     assert _refusals({"lab1": [rank0], "lab2": None}, "lab1")[0].startswith(
         "DEPLOY REFUSED on lab1 before any change: deploying one-host would stop two-host here, rank 0 of an engine "

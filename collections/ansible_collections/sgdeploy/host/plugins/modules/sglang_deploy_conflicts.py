@@ -14,7 +14,7 @@ description:
     needs no name; a rollback, which stops only the config it rolls back, always does.
   - With O(batch) (a deploy), a rank of an engine over several hosts (its C(current.json) has C(nnodes) above 1)
     that the deploy would stop - a displaced config, named or taken over, or the deploy's own config - is refused
-    in one line when another host of that engine is not in O(batch): not in O(run) at all, or in another batch.
+    in one line when another host of that engine is not in O(batch) (not in O(run) at all, or in another batch).
     Its ranks stop only together, rank 0 first. RV(engines) lists the engines it stops, for the check across hosts.
   - Read-only; the same in check mode.
   - Exactly one of O(deploy) and O(rollback_of).
@@ -74,8 +74,8 @@ displaced: {description: "[{config, unit_name, active, collides, takeover, what}
 named: {description: The displaced configs named by O(replaces)., returned: success, type: list}
 line: {description: "One line naming what is replaced by name, empty when nothing.", returned: success, type: str}
 engines:
-  description: "[{config, unit_name, node_rank, engine_hosts}] the engines over several hosts whose rank here the deploy would stop
-    (empty without O(batch))."
+  description: "[{config, unit_name, node_rank, engine_hosts}] the engines over several hosts whose rank here the
+    deploy would stop (empty without O(batch))."
   returned: success
   type: list
 """
