@@ -30,10 +30,11 @@ def unit(config: str) -> str:
     return f"sglang-{config}.service"
 
 
-def deploy(lab, config: str, limit: str = "lab1,lab2", timeout: float = 900):
+def deploy(lab, config: str, limit: str = "lab1,lab2", timeout: float = 900, extra: tuple[str, ...] = ()):
     """As `make deploy LIMIT=...` runs it (SERIAL 1, localhost beside the hosts): a batch is one engine's two ranks."""
     return lab.ansible_playbook("playbooks/deploy.yml", "-e", f"config={LAB_CONFIGS / config}.yml", "-e",
-                                "deploy_serial=1", "--limit", f"{limit},localhost", check=False, timeout=timeout)
+                                "deploy_serial=1", *extra, "--limit", f"{limit},localhost", check=False,
+                                timeout=timeout)
 
 
 def argv(lab, host: str, config: str) -> list[str]:
@@ -246,6 +247,28 @@ def test_a_rollback_leaving_out_a_rank_is_refused_and_make_rollback_takes_both_b
     status = output_of(lab.ansible_playbook("playbooks/status.yml", "--limit", "lab1,lab2,localhost", check=False))
     assert re.search(rf"lab1,lab2 +{A} +serving ", status), status[-3000:]
     assert not re.search(rf"\"lab[12] +{A} ", status), status[-3000:]
+
+
+def test_a_deploy_on_one_host_of_the_engine_is_refused_before_any_change(lab):
+    # one-host/lab-2node-grow takes GPU 6 of A over whole on one host: on lab2 alone it would stop rank 1 while rank 0
+    # serves (SGLang's rank ignores the SIGTERM, rank 0's process group breaks), on lab1 alone rank 0 and leave rank 1.
+    started = time.monotonic()
+    before = main_pids(lab, A)
+    for host, rank, other in (("lab2", 1, "lab1"), ("lab1", 0, "lab2")):
+        proc = deploy(lab, "one-host/" + GROW, limit=host, extra=("-e", f"replaces={A}"))
+        out = " ".join(output_of(proc).split())
+        assert proc.returncode != 0, out[-3000:]
+        assert (f"DEPLOY REFUSED on {host} before any change: deploying {GROW} would stop {A} (active, {unit(A)}: "
+                "GPU 6 overlaps") in out, out[-3000:]
+        assert (f"here, rank {rank} of an engine over hosts lab1,lab2 whose other host {other} is not in the run; "
+                "its ranks stop only together, rank 0 first") in out, out[-3000:]
+        assert ("include every host of the engine in the run, in one batch (e.g. LIMIT=lab1,lab2 SERIAL=2 "
+                f"REPLACES={A}), or roll the engine off first (systemctl disable --now {unit(A)} on lab1, then on "
+                "lab2)") in out
+        # Before any change: the engine serves, neither rank was restarted, nothing of the one-host deploy is there.
+        assert main_pids(lab, A) == before and health(lab, 32000) == 200
+        assert lab.ssh(host, f"test -e /etc/systemd/system/{unit(GROW)}", check=False).returncode != 0
+    print(f"two refused one-host deploys: {time.monotonic() - started:.1f} s")
 
 
 def test_make_rollback_takes_an_engine_grown_from_one_host_back_and_removes_its_other_rank(lab):

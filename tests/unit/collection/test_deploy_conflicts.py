@@ -101,3 +101,56 @@ def test_replaces_parses(value, names):
 def test_a_bad_replaces_name_is_one_line():
     with pytest.raises(ConflictError, match=r"^replaces 'A;rm' is not allowed: use config names"):
         parse_replaces("ok,A;rm")
+
+
+# Issue 37 deliver 2 (docs/multinode.md): a rank of an engine over several hosts stops only with its other ranks, rank 0
+# first, in one batch. A deploy on some hosts of the engine only is refused before any change, in one line.
+def rank(n, config="two-host", hosts=("lab1", "lab2"), gpus=(6,), port=32000):
+    return {**cfg(config, port=port, gpus=gpus), "nnodes": len(hosts), "node_rank": n, "engine_hosts": list(hosts)}
+
+
+ONE_HOST = cfg("one-host", port=32010, gpus=(6,))  # takes the rank's GPU over whole: no name needed
+
+
+@pytest.mark.parametrize("replaces", [[], ["two-host"]])
+def test_a_rank_above_0_whose_rank_0_is_not_in_the_run_is_refused_naming_the_engine(replaces):
+    with pytest.raises(ConflictError) as exc:
+        conflicts(ONE_HOST, [rank(1)], replaces, host="lab2", batch=["lab2"], run=["lab2"])
+    msg = str(exc.value)
+    assert "\n" not in msg
+    assert msg.startswith("deploying one-host would stop two-host (active, sglang-two-host.service: GPU 6 overlaps "
+                          "(it uses GPUs [6], two-host uses [6])) here, rank 1 of an engine over hosts lab1,lab2 whose "
+                          "other host lab1 is not in the run; its ranks stop only together, rank 0 first"), msg
+    assert msg.endswith("include every host of the engine in the run, in one batch (e.g. LIMIT=lab1,lab2 SERIAL=2 "
+                        "REPLACES=two-host), or roll the engine off first (systemctl disable --now "
+                        "sglang-two-host.service on lab1, then on lab2)"), msg
+
+
+def test_a_rank_0_whose_other_ranks_are_not_in_the_run_is_refused_too():
+    hosts = ("lab1", "lab2", "lab3")
+    with pytest.raises(ConflictError, match=r"here, rank 0 of an engine over hosts lab1,lab2,lab3 whose other hosts "
+                                            r"lab2,lab3 are not in the run; .*rank 0 stopped alone ends the engine"):
+        conflicts(ONE_HOST, [rank(0, hosts=hosts)], ["two-host"], host="lab1", batch=["lab1"], run=["lab1"])
+
+
+def test_an_engine_split_over_batches_is_refused_and_its_own_config_on_one_host_alone_too():
+    with pytest.raises(ConflictError, match=r"whose other host lab1 does not deploy in this batch \(SERIAL splits"):
+        conflicts(ONE_HOST, [rank(1)], ["two-host"], host="lab2", batch=["lab2"], run=["lab1", "lab2"])
+    # The same config name on one host only, over a rank of that config's engine (no REPLACES in the hint).
+    with pytest.raises(ConflictError, match=r"would stop two-host \(active, sglang-two-host.service: its own deploy "
+                                            r"there\) here, rank 1 .* \(e.g. LIMIT=lab1,lab2 SERIAL=2\), or roll"):
+        conflicts(cfg("two-host", port=32010, gpus=(6,)), [rank(1)], host="lab2", batch=["lab2"], run=["lab2"])
+
+
+def test_every_host_of_the_engine_in_the_batch_stops_it_as_before_and_says_which_engine():
+    out = conflicts(ONE_HOST, [rank(1)], ["two-host"], host="lab2", batch=["lab1", "lab2"], run=["lab1", "lab2"])
+    assert out["named"] == ["two-host"] and [d["config"] for d in out["displaced"]] == ["two-host"]
+    assert out["engines"] == [{"config": "two-host", "unit_name": "sglang-two-host.service", "node_rank": 1,
+                               "engine_hosts": ["lab1", "lab2"]}]
+    # The engine's own config again over the same hosts (a switch of every rank): not refused here.
+    assert conflicts(rank(0), [rank(0)], host="lab1", batch=["lab1", "lab2"])["engines"][0]["node_rank"] == 0
+    # A one-host config elsewhere, a stopped and disabled rank, and no batch (a rollback, replicas) find no engine.
+    assert conflicts(cfg("other", port=31000, gpus=(1,)), [rank(1)], host="lab2", batch=["lab2"])["engines"] == []
+    assert conflicts(ONE_HOST, [{**rank(1), "active": False, "enabled": False}], host="lab2",
+                     batch=["lab2"])["engines"] == []
+    assert conflicts(ONE_HOST, [rank(1)])["engines"] == []

@@ -10,7 +10,16 @@ NCCL port) - is a switch between configs (``PLAN: would replace ddtree-b15 with 
 summary's ``before -> after``) and needs no name; every other collision (its port on the other's
 NCCL port or the other way round, a port of a config on other GPUs, part of its GPUs, the same unit
 name) is refused unless ``replaces`` names the other config. A rollback stops only the config it
-rolls back, so any collision refuses it."""
+rolls back, so any collision refuses it.
+
+A rank of an engine over several hosts (its current.json's ``nnodes`` above 1; docs/multinode.md) stops only with
+every other rank of that engine, rank 0 first, in the same batch: a rank above 0 stopped alone breaks the process
+group of the rank 0 that serves (SGLang's rank ignores SIGTERM until its stop timeout kills it), a rank 0 stopped
+alone ends the engine and leaves the other ranks' units behind. So a deploy (given ``batch``, the hosts of this
+batch, and ``run``, the run's) that would stop such a rank - a displaced config, named or taken over, or its own
+config running over several hosts - is refused when another host of that engine is not in the batch; ``engines``
+says which engines it stops, for the check across hosts (every other host stops its rank too: the role's
+tasks/lock.yml)."""
 
 from __future__ import annotations
 
@@ -84,10 +93,71 @@ def takeover(deploy, other):
     return all(i == j for i, port in enumerate(mine) for j, their in enumerate(theirs) if port == their)
 
 
-def conflicts(deploy, others, replaces=(), rollback=None):
+def _engine(other):
+    """(node_rank, engine_hosts) of a current.json that spans several hosts, else None."""
+    if int(other.get("nnodes") or 1) <= 1:
+        return None
+    return int(other.get("node_rank") or 0), [str(h) for h in other.get("engine_hosts") or []]
+
+
+def _hosts_words(hosts, verb_one, verb_many):
+    return f"{','.join(hosts)} {verb_one if len(hosts) == 1 else verb_many}"
+
+
+def engines(deploy, others, displaced, host, batch, run=None):
+    """The engines over several hosts whose rank on ``host`` the deploy would stop: the ``displaced`` configs that span
+    several hosts, and the deploy's own config when it runs over several hosts. Returns [{config, node_rank,
+    engine_hosts}]; raises ConflictError in one line when another host of such an engine is not in ``batch`` (the
+    hosts deploying with this one): not in the ``run`` at all, or in another batch (or failed before)."""
+    mine = deploy["config"]
+    items = []
+    for other in others:
+        if other.get("config") == mine and (other.get("active") or other.get("enabled")):
+            state = "active" if other.get("active") else "enabled, not running"
+            items.append((other, f"{mine} ({state}, {other.get('unit_name')}: its own deploy there)"))
+    by_name = {o.get("config"): o for o in others}
+    items += [(by_name[d["config"]], d["what"]) for d in displaced if d["config"] in by_name]
+    batch = [str(h) for h in batch]
+    run = [str(h) for h in run] if run is not None else batch
+    out = []
+    for other, what in items:
+        engine = _engine(other)
+        if engine is None:
+            continue
+        rank, hosts = engine
+        rest = [h for h in hosts if h != host]
+        not_run = [h for h in rest if h not in run]
+        not_batch = [h for h in rest if h in run and h not in batch]
+        if not hosts or not_run or not_batch:
+            where = []
+            if not_run:
+                where.append(_hosts_words(not_run, "is", "are") + " not in the run")
+            if not_batch:
+                where.append(_hosts_words(not_batch, "does", "do") + " not deploy in this batch (SERIAL splits the "
+                             "engine's hosts, or it failed before this check)")
+            name, unit = other["config"], other.get("unit_name")
+            why = ("a rank above 0 stopped alone breaks the process group of its rank 0, which serves" if rank > 0
+                   else "rank 0 stopped alone ends the engine and leaves its other ranks' units behind")
+            others_first = [h for h in hosts if h != hosts[0]] if hosts else []
+            raise ConflictError(
+                f"deploying {mine} would stop {what} here, rank {rank} of an engine over hosts "
+                + (f"{','.join(hosts)} whose other host{'s' if len(rest) > 1 else ''} " + "; ".join(where)
+                   if hosts else "that current.json does not name (engine_hosts)")
+                + f"; its ranks stop only together, rank 0 first ({why}): include every host of the engine in the "
+                f"run, in one batch (e.g. LIMIT={','.join(hosts) or '...'} SERIAL={len(hosts) or 2}"
+                + (f" REPLACES={name}" if name != mine else "") + "), or roll the engine off first (systemctl disable "
+                f"--now {unit} on {hosts[0] if hosts else 'rank 0'}"
+                + (f", then on {','.join(others_first)}" if others_first else ", then on the other ranks") + ")")
+        out.append({"config": other["config"], "unit_name": other.get("unit_name"), "node_rank": rank,
+                    "engine_hosts": hosts})
+    return out
+
+
+def conflicts(deploy, others, replaces=(), rollback=None, host=None, batch=None, run=None):
     """The configs of ``others`` (current.json of every config, with ``active``/``enabled``) that the
     deploy would stop or displace. Returns {"displaced": [...], "named": [...], "line": str}; raises
-    ConflictError when one is neither named in ``replaces`` nor (a deploy only) taken over whole.
+    ConflictError when one is neither named in ``replaces`` nor (a deploy only) taken over whole. With ``batch`` (a
+    deploy: the hosts of this batch; ``host`` this one, ``run`` the run's), also ``engines`` (see engines()).
     ``rollback``: the config name a rollback is given; ``deploy`` is then its previous.json (which may be
     another config's, the one it replaced), and the rolled-back config itself is what it stops."""
     mine = deploy["config"]
@@ -125,4 +195,5 @@ def conflicts(deploy, others, replaces=(), rollback=None):
             + f"; name {'it' if len(unnamed) == 1 else 'them'} to replace {'it' if len(unnamed) == 1 else 'them'}: "
             f"REPLACES={names} (-e replaces={names}), or change serving.port/serving.gpus")
     line = ("replaces " + "; ".join(i["what"] for i in named) + " (named by REPLACES)") if named else ""
-    return {"displaced": displaced, "named": [i["config"] for i in named], "line": line}
+    found = engines(deploy, others, displaced, host, batch, run) if batch is not None and not rollback else []
+    return {"displaced": displaced, "named": [i["config"] for i in named], "line": line, "engines": found}

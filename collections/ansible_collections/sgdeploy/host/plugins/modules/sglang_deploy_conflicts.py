@@ -12,6 +12,10 @@ description:
   - Fails with one line naming each other config and what collides unless O(replaces) names it. A deploy that
     takes another config over whole (all its GPUs; a shared port only port for port or NCCL port for NCCL port)
     needs no name; a rollback, which stops only the config it rolls back, always does.
+  - With O(batch) (a deploy), a rank of an engine over several hosts (its C(current.json) has C(nnodes) above 1)
+    that the deploy would stop - a displaced config, named or taken over, or the deploy's own config - is refused
+    in one line when another host of that engine is not in O(batch) (not in O(run) at all, or in another batch).
+    Its ranks stop only together, rank 0 first. RV(engines) lists the engines it stops, for the check across hosts.
   - Read-only; the same in check mode.
   - Exactly one of O(deploy) and O(rollback_of).
 options:
@@ -22,6 +26,17 @@ options:
   replaces:
     description: Config names the operator allows to be replaced (a list or a comma-separated string).
     type: raw
+  host:
+    description: This host's inventory name (an engine's C(engine_hosts) are inventory names). With O(batch).
+    type: str
+  batch:
+    description: The hosts deploying in this batch (C(ansible_play_batch)); a deploy only.
+    type: list
+    elements: str
+  run:
+    description: Every host of the run (C(ansible_play_hosts_all)); default O(batch).
+    type: list
+    elements: str
   state_dir: {description: The deploy state folder., type: path, default: /var/lib/sglang-deploy}
 author: sgdeploy contributors (@sgdeploy)
 extends_documentation_fragment:
@@ -34,6 +49,9 @@ EXAMPLES = r"""
   sgdeploy.host.sglang_deploy_conflicts:
     deploy: "{{ deploy }}"  # sgdeploy render --json, plus the release
     replaces: "{{ replaces | default('') }}"
+    host: "{{ inventory_hostname }}"
+    batch: "{{ ansible_play_batch }}"
+    run: "{{ ansible_play_hosts_all }}"
     state_dir: /var/lib/sglang-deploy
   register: conflicts
   failed_when: false
@@ -55,6 +73,11 @@ displaced: {description: "[{config, unit_name, active, collides, takeover, what}
             returned: success, type: list}
 named: {description: The displaced configs named by O(replaces)., returned: success, type: list}
 line: {description: "One line naming what is replaced by name, empty when nothing.", returned: success, type: str}
+engines:
+  description: "[{config, unit_name, node_rank, engine_hosts}] the engines over several hosts whose rank here the
+    deploy would stop (empty without O(batch))."
+  returned: success
+  type: list
 """
 
 import os  # noqa: E402
@@ -72,6 +95,8 @@ from ansible_collections.sgdeploy.host.plugins.module_utils.sglang_deploy_plan i
 def main():
     module = AnsibleModule(
         argument_spec=dict(deploy=dict(type="dict"), rollback_of=dict(type="str"), replaces=dict(type="raw"),
+                           host=dict(type="str"), batch=dict(type="list", elements="str"),
+                           run=dict(type="list", elements="str"),
                            state_dir=dict(type="path", default="/var/lib/sglang-deploy")),
         required_one_of=[("deploy", "rollback_of")], mutually_exclusive=[("deploy", "rollback_of")],
         supports_check_mode=True,
@@ -83,8 +108,9 @@ def main():
         if p["rollback_of"]:
             deploy = read_json(os.path.join(p["state_dir"], p["rollback_of"], "previous.json"))
             if not deploy or "unit_name" not in deploy:
-                module.exit_json(changed=False, displaced=[], named=[], line="")
-        result = conflicts(deploy, deployed(p["state_dir"]), replaces, rollback=p["rollback_of"])
+                module.exit_json(changed=False, displaced=[], named=[], line="", engines=[])
+        result = conflicts(deploy, deployed(p["state_dir"]), replaces, rollback=p["rollback_of"], host=p["host"],
+                           batch=p["batch"], run=p["run"])
     except ConflictError as exc:
         module.fail_json(msg=str(exc))
     module.exit_json(changed=False, **result)
