@@ -61,14 +61,20 @@ def derived_args(args: list[str], schedule: tuple[tuple[int, int], ...]) -> list
 
 def compare(records: list[dict], derived: str, fixed: list[str], control: str | None,
             against: dict[int, list[str]], within: float = WITHIN) -> dict:
-    """Phase B's rounds (``records``, paired.py) judged: at each batch ``n`` of ``against``, the derived server's
-    paired ratios over the fastest of ``against[n]`` in each repeat (the fixed budgets that could be the fastest
-    there) and ``paired.judge_within``; over the moving load its paired ratios over every fixed server and the
+    """Phase B's rounds (``records``, paired.py) judged: at each batch ``n`` of ``against`` (the fixed budgets that
+    could be the fastest there), the best fixed budget is the one of ``against[n]`` with the highest median in these
+    rounds, and the derived server's paired ratios over it go to ``paired.judge_within``; over the moving load its paired ratios over every fixed server and the
     control, each by ``paired.judge_beats``. ``holds``: True / False where the rounds tell, None where they cannot."""
+    summary = paired.summarise(records)
     per_batch = []
     for n, names in against.items():
-        pairs = paired.paired_ratios(records, derived, names, f"batch{n}")
-        per_batch.append({"batch": n, "against": list(names), "pairs": pairs,
+        key = f"batch{n}"
+        meds = {x: (summary.get(x, {}).get(key) or {}).get("tokens_per_s") for x in names}
+        timed = [x for x in names if meds[x] is not None]
+        best = max(timed, key=lambda x: meds[x]) if timed else None
+        pairs = paired.paired_ratios(records, derived, [best], key) if best else []
+        per_batch.append({"batch": n, "against": list(names), "best_fixed": best,
+                          "best_fixed_tokens_per_s": meds.get(best), "pairs": pairs,
                           **paired.judge_within([p["ratio"] for p in pairs], within)})
     moving = {}
     for other in [*fixed, *([control] if control else [])]:
@@ -142,8 +148,8 @@ def lines(report: dict) -> list[str]:
             out.append(f"  {name}: " + " | ".join(f"{k} {_cell(v)}" for k, v in t.items()))
     cmp_ = report.get("compare") or {}
     for p in cmp_.get("per_batch") or []:
-        out.append(f"  batch {p['batch']}: derived / fastest of {', '.join(p['against'])} per repeat: {_ratio(p)}: "
-                   f"{p['verdict']}")
+        out.append(f"  batch {p['batch']}: derived / best fixed {p['best_fixed']} (highest median of "
+                   f"{', '.join(p['against'])}), paired: {_ratio(p)}: {p['verdict']}")
     for name, v in (cmp_.get("moving") or {}).items():
         out.append(f"  moving 1->16->1: derived / {name}: {_ratio(v)}: {v['verdict']}")
     if cmp_.get("verdicts"):

@@ -754,6 +754,7 @@ def summary_lines(results: dict) -> list[str]:
 RESERVE_S = {"derived_start": 80, "derived_greedy": 10, "analysis": 15, "final": 20}
 A_SCALE = 0.5  # phase A's rounds (the derivation's) are half of phase B's (the verdicts'): both fit the call
 B_TAIL_S = RESERVE_S["analysis"] + RESERVE_S["final"]  # phase B ends this long before the deadline
+DERIVED_WAIT_MARGIN_S = 75  # the derived server must serve this long before the deadline (its greedy run, phase B)
 
 
 def warm_up(server: ServerProc, ps: list[list[int]], batches: list[int], warmed: set) -> None:
@@ -872,7 +873,7 @@ def derive_and_judge(plan: dict, entry: dict, servers: dict, results: dict, ps: 
 
         results["analyse_error"] = traceback.format_exc()[-1500:]
     servers[s.name] = s
-    while s.poll() == "starting" and time.time() < args.deadline - 75:
+    while s.poll() == "starting" and time.time() < args.deadline - DERIVED_WAIT_MARGIN_S:
         time.sleep(2)
     results[s.name].update(status=s.poll() if s.status != "starting" else "not serving by the deadline",
                            startup_s=s.startup_s())
