@@ -1,32 +1,36 @@
 """Issue 38 on the GPU machine: the budget schedule derived from this run's own fixed-budget timings, and the derived
 server judged against them (set ``derive``, tests/gpu/e2e/README.md).
 
-The runner times the fixed-budget DDTree servers alone at 1, 4, 8 and 16 requests in flight (``timing_batches``),
-then ``cells`` turns those timings into the sweep's per-(budget, batch) cells and ``sgdeploy.schedule.derive`` (the
-project's own derivation, the one ``sgdeploy sweep`` uses) picks the schedule. ``derived_args`` gives the held-back
-server of the plan that schedule (its two flags; the unit tests check the result equals what ``sgdeploy.render``
-gives a config with that ``speculative.budget_schedule``). The runner starts it, checks it against the AR server
-like every other, times it the same way, and times the fixed servers its schedule uses again right after
-(``retimed``: the drift between the two timings of one server bounds what the comparison can tell).
+Phase A: the runner times the fixed-budget DDTree servers in interleaved repeats at 1, 4, 8 and 16 requests in
+flight (paired.py); ``cells`` turns each server's medians into the sweep's per-(budget, batch) cells and
+``sgdeploy.schedule.derive`` (the project's own derivation, the one ``sgdeploy sweep`` uses) picks the schedule.
+``derived_args`` gives the held-back server of the plan that schedule (its two flags; the unit tests check the result
+equals what ``sgdeploy.render`` gives a config with that ``speculative.budget_schedule``). The runner starts it and
+checks it against the AR server like every other.
 
-``compare`` is the issue's test: at each batch the derived server's tokens/s against the best fixed budget there
-(within ``WITHIN``), and over the 1 -> 16 -> 1 load against every fixed budget and DFLASH 16. Pure functions, no
-GPU; TEST EQUIPMENT of the harness.
+Phase B: the derived server timed in alternation with the fixed budgets that could be the fastest at each batch
+(``paired.contenders`` of phase A) and, over the 1 -> 16 -> 1 load, with every fixed budget and the control (DFLASH
+16). ``compare`` is the issue's test on those paired rounds (within ``WITHIN`` of the best fixed budget at each
+batch; beats every other over the moving load), with ``paired``'s verdicts: a claim is made only where the paired
+ratios' spread allows it. Pure functions, no GPU; TEST EQUIPMENT of the harness.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-WITHIN = 0.03  # issue 38 item 3: "within 3 % of the best fixed budget at that batch size"
+import paired
+
+WITHIN = paired.WITHIN  # issue 38 item 3: "within 3 % of the best fixed budget at that batch size"
 TIE_TOLERANCE = 0.03  # the derivation's tie rule: a smaller budget within 3 % of the fastest wins (sgdeploy.schedule)
 BUDGET_FLAG = "--speculative-ddtree-budget"
 SCHEDULE_FLAG = "--speculative-ddtree-budget-schedule"
 
 
 def cells(entries: list[dict], results: dict) -> list[dict[str, Any]]:
-    """The sweep's cells from the fixed servers' timings: one per (server, batch measured). A cell qualifies when its
-    timing ran without a request error (the losslessness of each server is judged after, beside the AR server; the
+    """The sweep's cells from the fixed servers' timings (phase A's ``paired.summarise``: ``tokens_per_s`` is the
+    median of the server's rounds): one per (server, batch measured). A cell qualifies when none of its rounds had a
+    request error (the losslessness of each server is judged after, beside the AR server; the
     derivation here may only use what is known before the derived server starts)."""
     out = []
     for e in entries:
@@ -55,55 +59,99 @@ def derived_args(args: list[str], schedule: tuple[tuple[int, int], ...]) -> list
     return out
 
 
-def compare(results: dict, derived: str, fixed: list[str], control: str | None, within: float = WITHIN) -> dict:
-    """Per batch: the derived server's tokens/s, the best fixed server there and the ratio; over the moving load:
-    the derived server against every fixed server and the control. ``holds`` says whether the issue's two claims
-    hold on these numbers (None where a number is missing)."""
-    timing = (results.get(derived) or {}).get("timing") or {}
+def compare(records: list[dict], derived: str, fixed: list[str], control: str | None,
+            against: dict[int, list[str]], within: float = WITHIN) -> dict:
+    """Phase B's rounds (``records``, paired.py) judged: at each batch ``n`` of ``against`` (the fixed budgets that
+    could be the fastest there), the best fixed budget is the one of ``against[n]`` with the highest median in these
+    rounds, and the derived server's paired ratios over it go to ``paired.judge_within``; over the moving load its paired ratios over every fixed server and the
+    control, each by ``paired.judge_beats``. ``holds``: True / False where the rounds tell, None where they cannot."""
+    summary = paired.summarise(records)
     per_batch = []
-    for key in sorted((k for k in timing if k.startswith("batch")), key=lambda k: int(k[len("batch"):])):
-        mine = (timing.get(key) or {}).get("tokens_per_s")
-        theirs = [(n, ((results.get(n) or {}).get("timing") or {}).get(key, {}).get("tokens_per_s")) for n in fixed]
-        theirs = [(n, v) for n, v in theirs if v is not None]
-        best = max(theirs, key=lambda x: x[1]) if theirs else None
-        ratio = round(mine / best[1], 4) if mine is not None and best else None
-        per_batch.append({"batch": int(key[len("batch"):]), "derived": mine, "best_fixed": best and best[0],
-                          "best_fixed_tokens_per_s": best and best[1], "ratio": ratio,
-                          "within": None if ratio is None else ratio >= 1 - within})
-    mine = (timing.get("moving") or {}).get("tokens_per_s")
-    others = {n: ((results.get(n) or {}).get("timing") or {}).get("moving", {}).get("tokens_per_s")
-              for n in [*fixed, *([control] if control else [])]}
-    moving = {"derived": mine, "others": others,
-              "beats_all": None if mine is None or any(v is None for v in others.values())
-              else all(mine > v for v in others.values())}
-    within_all = None if any(p["within"] is None for p in per_batch) or not per_batch else all(
-        p["within"] for p in per_batch)
-    return {"within": within, "per_batch": per_batch, "moving": moving,
-            "holds": {"every_batch_within": within_all, "moving_beats_all": moving["beats_all"]}}
+    for n, names in against.items():
+        key = f"batch{n}"
+        meds = {x: (summary.get(x, {}).get(key) or {}).get("tokens_per_s") for x in names}
+        timed = [x for x in names if meds[x] is not None]
+        best = max(timed, key=lambda x: meds[x]) if timed else None
+        pairs = paired.paired_ratios(records, derived, [best], key) if best else []
+        per_batch.append({"batch": n, "against": list(names), "best_fixed": best,
+                          "best_fixed_tokens_per_s": meds.get(best), "pairs": pairs,
+                          **paired.judge_within([p["ratio"] for p in pairs], within)})
+    moving = {}
+    for other in [*fixed, *([control] if control else [])]:
+        ratios = [p["ratio"] for p in paired.paired_ratios(records, derived, [other], "moving")]
+        moving[other] = {"ratios": ratios, **paired.judge_beats(ratios)}
+    holds = {"every_batch_within": paired.all_of(per_batch), "moving_beats_all": paired.all_of(list(moving.values()))}
+    return {"within": within, "per_batch": per_batch, "moving": moving, "holds": holds,
+            "verdicts": {"batches": batches_verdict(per_batch, within), "moving": moving_verdict(moving, control)}}
+
+
+def batches_verdict(per_batch: list[dict], within: float = WITHIN) -> str:
+    pct = f"{within * 100:g} %"
+    if not per_batch:
+        return "inconclusive (no batch compared)"
+    bad = [p["batch"] for p in per_batch if p["holds"] is False]
+    if bad:
+        return f"not within {pct} of the best fixed budget at batch {', '.join(map(str, bad))}"
+    if all(p["holds"] for p in per_batch):
+        return f"within {pct} of the best fixed budget at every batch"
+    return "inconclusive at batch " + ", ".join(str(p["batch"]) for p in per_batch if p["holds"] is None)
+
+
+def moving_verdict(moving: dict, control: str | None) -> str:
+    if not moving:
+        return "inconclusive (nothing compared)"
+    lost = [n for n, v in moving.items() if v["holds"] is False]
+    if lost:
+        return f"does not beat {', '.join(lost)}"
+    if all(v["holds"] for v in moving.values()):
+        return "beats every fixed budget" + (f" and {control}" if control else "")
+    return "inconclusive against " + ", ".join(n for n, v in moving.items() if v["holds"] is None)
+
+
+def _cell(t: dict | None) -> str:
+    if not t or t.get("tokens_per_s") is None:
+        return "-"
+    return f"{t['tokens_per_s']} [{t['min']}-{t['max']}] x{t['n']}"
+
+
+def _ratio(v: dict) -> str:
+    if not v.get("n"):
+        return "no pairs"
+    return f"median {v['median']} [{v['min']}-{v['max']}] x{v['n']}"
 
 
 def lines(report: dict) -> list[str]:
-    """The summary's lines for the derivation and the comparison."""
+    """The summary's lines for the derivation and the comparison: tokens/s as median [min-max] x rounds."""
     if not report:
         return []
     if "error" in report:
         return [f"derive: {report['error']}"]
-    out = [f"derived schedule: {report.get('flag')} (from {', '.join(report.get('from') or [])}; tie tolerance "
-           f"{report.get('tie_tolerance')})"]
+    out = []
+    pa = report.get("phase_a") or {}
+    if pa:
+        out.append(f"derivation rounds (phase A): {pa.get('repeats_ran')} of {pa.get('repeats_planned')} repeats, "
+                   f"requests per round {pa.get('round_requests')}, servers alternated; tok/s median [min-max] x n")
+        for name, t in (pa.get("summary") or {}).items():
+            out.append(f"  {name}: " + " | ".join(f"{k} {_cell(v)}" for k, v in t.items()))
+    out.append(f"derived schedule: {report.get('flag')} (from the medians of {', '.join(report.get('from') or [])}; "
+               f"tie tolerance {report.get('tie_tolerance')})")
     for b in report.get("buckets") or []:
         out.append(f"  batch {b['batch']}: budget {b['budget']} at {b['tokens_per_s']} tok/s"
                    + (f" (tied with {b['tied_with']})" if b.get("tied_with") else "")
                    + (f"; {b['note']}" if b.get("note") else ""))
+    pb = report.get("phase_b") or {}
+    if pb:
+        out.append(f"paired rounds (phase B): {pb.get('repeats_ran')} repeats (at most {pb.get('repeats_most')}), "
+                   f"requests per round {pb.get('round_requests')}, moving {pb.get('moving')}"
+                   + (f"; {pb['stopped']}" if pb.get("stopped") else ""))
+        for name, t in (pb.get("summary") or {}).items():
+            out.append(f"  {name}: " + " | ".join(f"{k} {_cell(v)}" for k, v in t.items()))
     cmp_ = report.get("compare") or {}
     for p in cmp_.get("per_batch") or []:
-        out.append(f"  derived at batch {p['batch']}: {p['derived']} tok/s vs best fixed {p['best_fixed']} "
-                   f"{p['best_fixed_tokens_per_s']}: ratio {p['ratio']} ({'within' if p['within'] else 'NOT within'} "
-                   f"{cmp_['within']:.0%})")
-    mv = cmp_.get("moving") or {}
-    if mv:
-        out.append(f"  moving 1->16->1: derived {mv.get('derived')} tok/s vs {mv.get('others')}: beats all "
-                   f"{mv.get('beats_all')}")
-    for name, t in (report.get("retimed") or {}).items():
-        out.append(f"  retimed {name}: " + " ".join(f"{k} {v.get('tokens_per_s')}" for k, v in t.items()
-                                                      if isinstance(v, dict)))
+        out.append(f"  batch {p['batch']}: derived / best fixed {p['best_fixed']} (highest median of "
+                   f"{', '.join(p['against'])}), paired: {_ratio(p)}: {p['verdict']}")
+    for name, v in (cmp_.get("moving") or {}).items():
+        out.append(f"  moving 1->16->1: derived / {name}: {_ratio(v)}: {v['verdict']}")
+    if cmp_.get("verdicts"):
+        out.append(f"issue 38 item 3: {cmp_['verdicts']['batches']}; moving load: {cmp_['verdicts']['moving']}")
     return out

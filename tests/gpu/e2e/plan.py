@@ -217,14 +217,17 @@ SCHEDULE = (
     Server("sched-k8-onegraph", "ddtree-b64", 64, 8, budget_schedule=SCHEDULE_ENTRIES, tags=("schedule",),
            max_running=16, env=(GRAPHS_OFF,)),
 )
-# Issue 38 item 3 ("derive", session 20): the schedule derived on this machine from this run's own timings. AR, DFLASH
-# 16 (the control), DDTREE 15 / 32 / 64 at cap 8 and the guessed schedule 1:64,4:32,8:15 start together and are timed
-# as in "schedule"; then the runner derives the schedule from the three fixed budgets' timings with the project's own
-# sgdeploy.schedule.derive (derive.py), starts "sched-derived" with it (held back until then; its plan flags are the
-# placeholder schedule, replaced), checks it against AR and times it, then times again the fixed servers it uses.
+# Issue 38 item 3 ("derive", session 20): the schedule derived on this machine from this run's own timings. AR (the
+# reference), DFLASH 16 (the control) and DDTREE 15 / 32 / 64 at cap 8 start together; the runner times the three
+# fixed budgets in interleaved repeats (phase A, paired.py), derives the schedule from their medians with the project's
+# own sgdeploy.schedule.derive (derive.py), starts "sched-derived" with it (held back until then; its plan flags are the
+# placeholder schedule, replaced), checks it against AR, then times it in alternation with the fixed budgets and the
+# control (phase B) and judges the paired ratios. The guessed schedule's servers ("sched-k8", "sched-k8-onegraph")
+# stay in "schedule" only: patch 0005's per-width graphs were proven there (2026-12-05), and here they would take time
+# and memory from the paired rounds.
 DERIVE_FROM = tuple(f"ddtree-b{b}-k8" for b in (15, 32, 64))
 DERIVE = (
-    *(s for s in SCHEDULE if s.name in {"ar", "dflash", *DERIVE_FROM, "sched-k8", "sched-k8-onegraph"}),
+    *(s for s in SCHEDULE if s.name in {"ar", "dflash", *DERIVE_FROM}),
     Server("sched-derived", "ddtree-b64", 64, 8, budget_schedule=SCHEDULE_ENTRIES, tags=("schedule", "derived"),
            max_running=16, env=(GRAPHS_ON,)),
 )

@@ -46,6 +46,7 @@ sys.path.insert(0, str(REPO / "collections"))
 
 import derive  # noqa: E402
 import e2e_stats as stats  # noqa: E402
+import paired  # noqa: E402
 import trace_check  # noqa: E402
 
 ROOT = Path("/tmp/gpu-e2e")
@@ -680,6 +681,19 @@ def by_kind(cand: list[dict]) -> dict:
     return out
 
 
+def timing_text(tm: dict) -> str:
+    """A server's timing in its summary line: paired (set "derive": median [min-max] x rounds), per batch, or the
+    batch 1 / 8 timing."""
+    if tm.get("method"):
+        return f"tok/s ({tm['method']}: median [min-max] x rounds) " + " ".join(
+            f"{k} {v.get('tokens_per_s')} [{v.get('min')}-{v.get('max')}] x{v.get('n')} (al {v.get('accept_length')})"
+            for k, v in tm.items() if isinstance(v, dict))
+    if "moving" in tm:
+        return "tok/s " + " ".join(f"{k} {v.get('tokens_per_s')} (al {v.get('accept_length')})"
+                                   for k, v in tm.items() if isinstance(v, dict))
+    return f"tok/s b1 {tm['batch1']['tokens_per_s']} b8 {tm.get('batch8', {}).get('tokens_per_s')} step {tm['batch1']['step_ms']} ms"
+
+
 def summary_lines(results: dict) -> list[str]:
     lines = []
     for name, r in results.items():
@@ -699,12 +713,8 @@ def summary_lines(results: dict) -> list[str]:
             parts.append(f"code {bk['code_with_loops']['accept_length']} prose {bk['prose_with_loops']['accept_length']}"
                          f" noloop {bk['all_without_loops']['accept_length']} loops {bk['all_loop_share']}")
         tm = r.get("timing")
-        if tm and "moving" in tm:
-            parts.append("tok/s " + " ".join(f"{k} {v.get('tokens_per_s')} (al {v.get('accept_length')})"
-                                             for k, v in tm.items() if isinstance(v, dict)))
-        elif tm and "batch1" in tm:
-            parts.append(f"tok/s b1 {tm['batch1']['tokens_per_s']} b8 {tm.get('batch8', {}).get('tokens_per_s')}"
-                         f" step {tm['batch1']['step_ms']} ms")
+        if tm and ("method" in tm or "moving" in tm or "batch1" in tm):
+            parts.append(timing_text(tm))
         p = r.get("paths")
         if p:
             parts.append(f"nonfirst {p['nonfirst_sibling_share']} 2+ {p['two_plus_share']} bs {p['batch_sizes']}")
@@ -739,17 +749,112 @@ def summary_lines(results: dict) -> list[str]:
     return lines
 
 
+# Set "derive": the seconds kept, before the deadline, beyond phase A's and phase B's rounds (the H200 run of
+# 2026-12-05: the derived server served 71 s after its start, its greedy run took 6 s, the analysis ~60 s for 8 servers).
+RESERVE_S = {"derived_start": 80, "derived_greedy": 10, "analysis": 15, "final": 20}
+A_SCALE = 0.5  # phase A's rounds (the derivation's) are half of phase B's (the verdicts'): both fit the call
+B_TAIL_S = RESERVE_S["analysis"] + RESERVE_S["final"]  # phase B ends this long before the deadline
+DERIVED_WAIT_MARGIN_S = 75  # the derived server must serve this long before the deadline (its greedy run, phase B)
+
+
+def warm_up(server: ServerProc, ps: list[list[int]], batches: list[int], warmed: set) -> None:
+    """Untimed, once per server: one short request, then at each batch size a round of n short requests (the first
+    steps at a new batch size compile Triton kernels and graph-less shapes; 2026-12-05, H100: budget 15 at 16 in
+    flight, 747 tok/s timed first, 1771 tok/s timed again two minutes later)."""
+    for n in [0, *batches]:
+        if (server.name, n) in warmed:
+            continue
+        if n == 0:
+            generate(server.port, ps[0], 8)
+        else:
+            in_flight(server.port, [(p, MAX_NEW // 4) for p in ps[-n:]], n)
+        warmed.add((server.name, n))
+
+
+def timed_round(server: ServerProc, ps: list[list[int]], key: str, scale: float = 1.0) -> dict:
+    """One timed round (paired.py): ``batchN``: ``paired.round_requests(N, scale)`` requests of MAX_NEW greedy tokens,
+    N in flight; ``moving``: the phases of ``paired.MOVING`` one after the other, their wall times added."""
+    if key == "moving":
+        all_outs, total, start = [], 0.0, 0
+        for n, count in paired.MOVING:
+            outs, wall = in_flight(server.port, [(p, MAX_NEW) for p in (ps * 4)[start: start + count]], n)
+            start += count
+            all_outs += outs
+            total += wall
+        return _rate(all_outs, total)
+    n = int(key[len("batch"):])
+    outs, wall = in_flight(server.port, [(p, MAX_NEW) for p in paired.pick(ps, paired.round_requests(n, scale))], n)
+    return _rate(outs, wall)
+
+
+def paired_rounds(servers: dict, ps: list[list[int]], groups: dict[str, list[str]], repeats: int, stop: float,
+                  scale: float, estimate: float, min_repeats: int = 0) -> tuple[list[dict], dict]:
+    """Up to ``repeats`` repeats of ``groups``' rounds in ``paired.repeat_rounds`` order; a repeat starts only when
+    it ends by ``stop`` (``paired.next_repeat_fits``; the first ``min_repeats`` always run). (records, info)."""
+    records: list[dict] = []
+    durations: list[float] = []
+    info: dict = {"repeats_planned": repeats}
+    for r in range(repeats):
+        if r >= min_repeats and not paired.next_repeat_fits(time.time(), stop, durations, estimate):
+            info["stopped"] = (f"repeat {r + 1} not run: it would end after the stop time "
+                               f"({max(durations) if durations else estimate:.0f} s left {stop - time.time():.0f} s)")
+            break
+        t = time.time()
+        for key, name in paired.repeat_rounds(groups, r):
+            try:
+                rate = timed_round(servers[name], ps, key, scale)
+            except Exception as err:  # noqa: BLE001
+                rate = {"errors": [f"{type(err).__name__}: {str(err)[:200]}"], "tokens_per_s": None}
+            records.append({"repeat": r, "key": key, "server": name, "at_s": round(time.time() - T0, 1), **rate})
+        durations.append(round(time.time() - t, 1))
+        say(f"paired repeat {r + 1}/{repeats} in {durations[-1]} s")
+    info.update(repeats_ran=len(durations), repeat_s=durations)
+    return records, info
+
+
 def derive_and_judge(plan: dict, entry: dict, servers: dict, results: dict, ps: list, args, save) -> None:
-    """Set "derive" (issue 38 item 3): the schedule from this run's fixed-budget timings (``derive.cells``, then the
-    project's ``sgdeploy.schedule.derive``), the held-back server started with it (``servers`` gains it, so the
-    analysis checks it against AR), its greedy run and timing, then the fixed servers its schedule uses timed again."""
+    """Set "derive" (issue 38 item 3): phase A times the fixed budgets in interleaved repeats (paired.py), the
+    schedule is derived from their medians (``derive.cells``, then the project's ``sgdeploy.schedule.derive``), the
+    held-back server is started with it (``servers`` gains it; the other servers are analysed against AR while it
+    starts, ``report["analysed_early"]``), its greedy run, then phase B times it in alternation with the fixed budgets
+    that could be the fastest at each batch and, over the moving load, with every fixed budget and the control, and
+    ``derive.compare`` judges the paired ratios. The repeats fit the deadline (``paired.fit_repeats``)."""
     from sgdeploy import schedule
 
-    d = plan["derive"]
-    report: dict = {"from": d["from"], "tie_tolerance": derive.TIE_TOLERANCE}
+    d, batches = plan["derive"], plan["batches"]
+    report: dict = {"from": d["from"], "tie_tolerance": derive.TIE_TOLERANCE, "within": derive.WITHIN,
+                    "min_repeats": paired.MIN_REPEATS}
     results["derive"] = report
-    fixed = [servers[n].entry for n in d["from"] if n in servers and servers[n].status == "serving"]
-    got = schedule.derive(derive.cells(fixed, results), derive.TIE_TOLERANCE)
+    fixed = [servers[n] for n in d["from"] if n in servers and servers[n].status == "serving"]
+    names = [s.name for s in fixed]
+    control = servers.get(d.get("control") or "")
+    control_name = control.name if control is not None and control.status == "serving" else None
+    if not fixed:
+        report["error"] = "no fixed budget is serving: nothing to derive from"
+        return
+    warmed: set = set()
+    groups_a = {f"batch{n}": names for n in batches}
+    moving = [entry["name"], *names, *([control_name] if control_name else [])]
+    guess_b = {**{f"batch{n}": [entry["name"], names[-1]] for n in batches}, "moving": moving}
+    cost_a, cost_b = paired.repeat_cost(groups_a, A_SCALE), paired.repeat_cost(guess_b)
+    warm_s = paired.WARM_S * (len(batches) + 1) * (len(moving))
+    available = args.deadline - time.time() - sum(RESERVE_S.values()) - warm_s
+    ra, rb = paired.fit_repeats(available, cost_a, cost_b)
+    report["budget"] = {"available_s": round(available), "phase_a_repeat_s": round(cost_a, 1),
+                        "phase_b_repeat_s": round(cost_b, 1), "repeats_a": ra, "repeats_b": rb,
+                        "reserve_s": RESERVE_S, "warm_up_s": round(warm_s, 1)}
+    say("paired timing: phase A", ra, "repeats, phase B", rb, "planned;", report["budget"])
+    for s in fixed:
+        warm_up(s, ps, batches, warmed)
+    stop_a = args.deadline - sum(RESERVE_S.values()) - rb * cost_b - paired.WARM_S * (len(batches) + 1) * 2
+    recs_a, info_a = paired_rounds(servers, ps, groups_a, ra, stop_a, A_SCALE, cost_a, min_repeats=1)
+    summary_a = paired.summarise(recs_a)
+    for s in fixed:
+        results[s.name]["timing"] = {"method": "paired, phase A", **summary_a.get(s.name, {})}
+    report["phase_a"] = {**info_a, "scale": A_SCALE, "servers": names,
+                         "round_requests": {n: paired.round_requests(n, A_SCALE) for n in batches},
+                         "summary": summary_a, "rounds": recs_a}
+    got = schedule.derive(derive.cells([s.entry for s in fixed], results), derive.TIE_TOLERANCE)
     if got is None:
         report["error"] = "no fixed budget was timed without errors: nothing to derive from"
         return
@@ -758,10 +863,17 @@ def derive_and_judge(plan: dict, entry: dict, servers: dict, results: dict, ps: 
              "budget": max(b for _, b in got["schedule"])}
     say("derived schedule", got["flag"])
     s = ServerProc(entry, args.releases, args.site)
-    servers[s.name] = s
     s.start()
     results[s.name] = {"status": "starting", "args": entry["args"], "wheel": entry["wheel"], "derived": got["flag"]}
-    while s.poll() == "starting" and time.time() < args.deadline - 75:
+    try:  # nothing is timed while it starts: the others' losslessness against AR meanwhile
+        analyse(dict(servers), results, ps, args.deadline)
+        report["analysed_early"] = list(servers)
+    except Exception:  # noqa: BLE001
+        import traceback
+
+        results["analyse_error"] = traceback.format_exc()[-1500:]
+    servers[s.name] = s
+    while s.poll() == "starting" and time.time() < args.deadline - DERIVED_WAIT_MARGIN_S:
         time.sleep(2)
     results[s.name].update(status=s.poll() if s.status != "starting" else "not serving by the deadline",
                            startup_s=s.startup_s())
@@ -772,16 +884,27 @@ def derive_and_judge(plan: dict, entry: dict, servers: dict, results: dict, ps: 
         return
     try:
         results[s.name]["experiment"] = experiment(s, ps, args.deadline)
-        results[s.name]["timing"] = t = timing_batches(s, ps, plan["batches"])
-        say(s.name, "timing", {k: v.get("tokens_per_s") for k, v in t.items() if isinstance(v, dict)})
     except Exception as err:  # noqa: BLE001
         results[s.name]["experiment_error"] = f"{type(err).__name__}: {str(err)[:500]}"
-    report["compare"] = derive.compare(results, s.name, [e["name"] for e in fixed], d.get("control"))
-    used = {b for _, b in got["schedule"]}
-    report["retimed"] = {}
-    for e in fixed:
-        if e["budget"] in used and time.time() < args.deadline - 90:  # the analysis needs its time
-            report["retimed"][e["name"]] = timing_batches(servers[e["name"]], ps, plan["batches"])
+    by_budget = {x.entry["budget"]: x.name for x in fixed}
+    against = {}
+    for n in batches:
+        picked = [by_budget.get(b["budget"]) for b in got["buckets"] if b["batch"] == n]
+        can = paired.contenders(recs_a, names, f"batch{n}")
+        against[n] = [x for x in names if x in can or x in picked]
+    groups_b = {**{f"batch{n}": [s.name, *against[n]] for n in batches}, "moving": moving}
+    cost_b = paired.repeat_cost(groups_b)
+    for x in (s, *([servers[control_name]] if control_name else [])):
+        warm_up(x, ps, batches, warmed)
+    recs_b, info_b = paired_rounds(servers, ps, groups_b, paired.MAX_REPEATS, args.deadline - B_TAIL_S, 1.0, cost_b)
+    summary_b = paired.summarise(recs_b)
+    results[s.name]["timing"] = {"method": "paired, phase B", **summary_b.get(s.name, {})}
+    report["phase_b"] = {**info_b, "repeats_most": paired.MAX_REPEATS, "groups": groups_b,
+                         "round_requests": {n: paired.round_requests(n) for n in batches},
+                         "moving": [f"{n} in flight x {c}" for n, c in paired.MOVING],
+                         "summary": summary_b, "rounds": recs_b}
+    report["compare"] = derive.compare(recs_b, s.name, names, control_name, against)
+    say("derive:", report["compare"]["verdicts"])
     save()
 
 
@@ -862,7 +985,7 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 - the harness run 
                     results[s.name]["log_errors"] = s.errors()
                 say(s.name, key, "done")
                 save()
-        if plan.get("learned"):  # speed, one server at a time (the others idle)
+        if plan.get("learned") and held_entry is None:  # speed, one server at a time (the others idle)
             for s in (x for x in servers.values() if x.status == "serving"):
                 if time.time() > args.deadline - 90:
                     results[s.name]["timing"] = {"error": "not run: too close to the deadline"}
@@ -883,9 +1006,11 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 - the harness run 
             save()
         if held_entry is not None:
             derive_and_judge(plan, held_entry, servers, results, ps, args, save)
+        early = set((results.get("derive") or {}).get("analysed_early") or ())  # set "derive": analysed already
         if time.time() < args.deadline - 20:
             try:
-                analyse(servers, results, ps, args.deadline)
+                analyse({n: s for n, s in servers.items() if n not in early or n == "ar"}, results, ps, args.deadline)
+                analyse_paths({n: s for n, s in servers.items() if n in early}, results)
             except Exception:  # noqa: BLE001
                 import traceback
 

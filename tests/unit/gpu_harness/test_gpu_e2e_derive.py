@@ -25,6 +25,8 @@ def test_the_derive_plan_holds_its_server_back_and_names_what_it_derives_from():
     names = [s["name"] for s in p["servers"]]
     assert p["derive"]["server"] in names and set(p["derive"]["from"]) <= set(names)
     assert p["batches"] == [1, 4, 8, 16] and p["learned"]
+    # the guessed schedule's servers stay in set "schedule": here they would take time and memory from the rounds
+    assert sorted(names) == sorted(["ar", "dflash", *p["derive"]["from"], p["derive"]["server"]])
     budgets = {s["name"]: s["budget"] for s in p["servers"]}
     assert sorted(budgets[n] for n in p["derive"]["from"]) == [15, 32, 64]
 
@@ -48,17 +50,3 @@ def test_cells_and_the_projects_derivation_pick_the_fastest_budget_per_batch():
     results["b32"]["timing"]["batch8"]["errors"] = ["ConnectionError"]  # a cell with an error never qualifies
     got = schedule.derive(derive.cells(entries, results), derive.TIE_TOLERANCE)
     assert got["flag"] == "1:64,8:15"
-
-
-def test_compare_says_where_the_derived_server_is_within_three_percent_and_whether_it_beats_every_fixed_one():
-    results = {"d": timing(batch1=350, batch8=1190, moving=900), "b15": timing(batch1=240, batch8=1200, moving=800),
-               "b64": timing(batch1=360, batch8=1000, moving=850), "dflash": timing(batch1=280, moving=890)}
-    got = derive.compare(results, "d", ["b15", "b64"], "dflash")
-    got_rows = [(p["batch"], p["best_fixed"], p["within"]) for p in got["per_batch"]]
-    assert got_rows == [(1, "b64", True), (8, "b15", True)]
-    assert got["holds"] == {"every_batch_within": True, "moving_beats_all": True}
-    results["d"]["timing"]["batch1"]["tokens_per_s"] = 340  # 5.6 % below budget 64's
-    results["dflash"]["timing"]["moving"]["tokens_per_s"] = 950
-    got = derive.compare(results, "d", ["b15", "b64"], "dflash")
-    assert got["holds"] == {"every_batch_within": False, "moving_beats_all": False}
-    assert any("NOT within 3%" in ln for ln in derive.lines({"flag": "1:64", "from": [], "compare": got}))

@@ -168,5 +168,6 @@ def test_the_schedule_servers_say_whether_their_per_width_graphs_are_on():
     for name in ("schedule", "derive"):
         env = {s["name"]: s["env"].get("SGLANG_DDTREE_SCHEDULE_GRAPHS") for s in plan.build(name)["servers"]
                if "--speculative-ddtree-budget-schedule" in s["args"]}
-        assert env.pop("sched-k8-onegraph") == "0", name
+        if name == "schedule":  # set "derive" has no one-graph server (dropped after the graphs were proven)
+            assert env.pop("sched-k8-onegraph") == "0", name
         assert env and set(env.values()) == {"1"}, (name, env)
