@@ -76,15 +76,17 @@ def _budget(name: str) -> int | None:
     return None
 
 
+def num(x, d=3) -> str:
+    """A table cell: ``x`` with ``d`` decimals, empty for None."""
+    return "" if x is None else f"{x:.{d}f}"
+
+
 def markdown(table: list[dict], field_accept: float = FIELD_ACCEPT, cap: float = CAP) -> str:
     lines = [f"Accept length each server needs to make the tokens/s of DDTREE budget 15 at the field's "
              f"{field_accept:g} tokens per step (cap {cap:g}: block size 16).", "",
              "| server | batch | step ms | x DDTREE 15 | x DFLASH 16 | accept length needed | reachable (<= cap) |",
              "| --- | ---: | ---: | ---: | ---: | ---: | --- |"]
-
-    def f(x, d=3):
-        return "" if x is None else f"{x:.{d}f}"
-
+    f = num
     for r in table:
         reach = "" if r["reachable"] is None else ("yes" if r["reachable"] else "**no**")
         lines.append(f"| {r['server']} | {r['batch'] or ''} | {f(r['step_ms'])} | {f(r['vs_b15'])} | "

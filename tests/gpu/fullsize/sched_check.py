@@ -25,7 +25,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-import analysis  # noqa: E402  (step_ms, merge_servers)
+import analysis  # noqa: E402  (step_ms, merge_servers, num)
 
 TOLERANCE = 0.03
 
@@ -85,10 +85,7 @@ def markdown(table: list[dict], graphs: list[str], tolerance: float = TOLERANCE)
              f"(within {100 * tolerance:g} %: |ratio - 1| <= {tolerance:g}).", "",
              "| server | batch | scheduled budget | step ms | fixed server | its step ms | ratio | within | "
              "fixed number from |", "| --- | ---: | ---: | ---: | --- | ---: | ---: | --- | --- |"]
-
-    def f(x, d=3):
-        return "" if x is None else f"{x:.{d}f}"
-
+    f = analysis.num
     for r in table:
         within = "" if r["within"] is None else ("yes" if r["within"] else "**no**")
         lines.append(f"| {r['server']} | {r['batch']} | {r['budget']} | {f(r['step_ms'])} | {r['fixed']} | "
