@@ -73,11 +73,19 @@ RANK0 = {**ENGINE, "node_rank": 0}
 
 
 def _together(me: str, engines: list, nnodes: int = 1, engine_hosts=("lab1", "lab2")) -> dict:
-    task = next(t for t in flat(load(ROLES / "sglang_deploy/tasks/lock.yml")) if t.get("name") == TOGETHER)
-    return _render(task["ansible.builtin.set_fact"]["sglang_deploy__together"], inventory_hostname=me,
-                   sglang_deploy__d={"config": "one-host", "nnodes": nnodes},
-                   sglang_deploy__engine_hosts=list(engine_hosts),
-                   sglang_deploy__conflicts={"engines": engines})
+    return _noted(me, engines, nnodes, engine_hosts)["sglang_deploy__together"]
+
+
+def _noted(me: str, engines: list, nnodes: int = 1, engine_hosts=("lab1", "lab2")) -> dict:
+    """The facts lock.yml notes on host ``me`` for the engines its deploy displaces (sglang_deploy__together_engines,
+    then sglang_deploy__together)."""
+    ctx = {"inventory_hostname": me, "sglang_deploy__d": {"config": "one-host", "nnodes": nnodes},
+           "sglang_deploy__engine_hosts": list(engine_hosts), "sglang_deploy__conflicts": {"engines": engines}}
+    tasks = flat(load(ROLES / "sglang_deploy/tasks/lock.yml"))
+    for name in ("Note the engines over other hosts that this deploy displaces (they go back with it)", TOGETHER):
+        task = next(t for t in tasks if t.get("name") == name)
+        ctx.update({k: _render(v, **ctx) for k, v in task["ansible.builtin.set_fact"].items()})
+    return ctx
 
 
 def _imports(tasks_file: str) -> dict[str, dict]:
@@ -95,14 +103,16 @@ def _engine_check(imp: dict, me: str, engines: list, at: dict[str, str], check_m
            "sglang_deploy__engine_hosts": ["lab1", "lab2"],
            "sglang_deploy__plan": {"unchanged": plan_unchanged},
            "sglang_deploy__conflicts": {"engines": engines}}
-    ctx["sglang_deploy__together"] = _together(me, engines, nnodes)
+    noted = _noted(me, engines, nnodes)
+    ctx.update({k: noted[k] for k in ("sglang_deploy__together", "sglang_deploy__together_engines")})
     if not _render("{{ " + imp["when"] + " }}", **ctx):
         return None
     ctx.update({k: _render(v, **ctx) for k, v in imp["vars"].items()})
     check = flat(load(ROLES / "sglang_deploy/tasks/engine_check.yml"))
     if not _render("{{ " + check[0]["when"] + " }}", **ctx):
         return None
-    ctx["hostvars"] = {h: {"sglang_deploy__engine_at": s} for h, s in {**at, me: ctx["sglang_deploy__engine_stage"]}.items()}
+    at = {**at, me: ctx["sglang_deploy__engine_stage"]}
+    ctx["hostvars"] = {h: {"sglang_deploy__engine_at": s} for h, s in at.items()}
     fail = check[1]
     ctx["sglang_deploy__engine_missing"] = _render(fail["vars"]["sglang_deploy__engine_missing"], **ctx)
     if not _render("{{ " + fail["when"] + " }}", **ctx):
@@ -133,7 +143,8 @@ def test_a_host_of_a_displaced_engine_does_not_commit_when_rank_0s_host_failed_i
 def test_no_rank_above_0_of_a_displaced_engine_is_stopped_unless_its_rank_0_stopped():
     stop = _imports("switch.yml")["the stop of rank 0"]
     msg = _engine_check(stop, "lab2", [ENGINE], {"lab1": "the plan"})
-    assert msg and msg[0].startswith("ENGINE FAILED: lab1 (rank 0 of two-host) did not get past the stop of rank 0;"), msg
+    assert msg and msg[0].startswith(
+        "ENGINE FAILED: lab1 (rank 0 of two-host) did not get past the stop of rank 0;"), msg
     assert _engine_check(stop, "lab2", [ENGINE], {"lab1": "the stop of rank 0"}) == []
     start = _imports("switch.yml")["the start"]
     assert _engine_check(start, "lab1", [RANK0], {"lab2": "the stop of rank 0"})[0].startswith(
@@ -146,8 +157,13 @@ def test_the_plan_of_a_displaced_engine_fails_on_every_host_also_in_check_mode()
     assert msg and msg[0].endswith("so no host changes"), msg
 
 
-def test_an_engine_over_several_hosts_keeps_its_line():
+def test_an_engine_over_several_hosts_keeps_its_line_also_when_it_replaces_one_over_the_same_hosts():
     gates = _imports("main.yml")["the gates"]
-    assert _engine_check(gates, "lab2", [], {"lab1": "the start"}, nnodes=2) == [
-        "ENGINE FAILED: lab1 (rank 0) (rank(s) of one-host with lab2) did not get past the gates; one rank failing "
-        "fails the engine, so every rank goes back"]
+    line = ["ENGINE FAILED: lab1 (rank 0) (rank(s) of one-host with lab2) did not get past the gates; one rank failing "
+            "fails the engine, so every rank goes back"]
+    assert _engine_check(gates, "lab2", [], {"lab1": "the start"}, nnodes=2) == line
+    assert _engine_check(gates, "lab2", [ENGINE], {"lab1": "the start"}, nnodes=2) == line  # a switch of two-host
+    assert _together("lab2", [ENGINE], nnodes=2) == {"lab1": "rank 0", "lab2": "rank 1"}
+    # An engine over lab2 and lab3 that the engine over lab1 and lab2 displaces on lab2: lab3 goes back with them.
+    assert _together("lab2", [{**ENGINE, "engine_hosts": ["lab2", "lab3"]}], nnodes=2) == {
+        "lab1": "rank 0", "lab2": "rank 1", "lab3": "rank 1 of two-host"}
