@@ -271,6 +271,41 @@ def test_a_deploy_on_one_host_of_the_engine_is_refused_before_any_change(lab):
     print(f"two refused one-host deploys: {time.monotonic() - started:.1f} s")
 
 
+def test_one_host_deploys_over_every_host_of_the_engine_go_back_together_when_rank_0s_host_fails(lab, tmp_path):
+    # one-host/lab-2node-grow with REPLACES=A on lab1 and lab2 in one batch (SERIAL=2): each host displaces its rank of
+    # A. lab1's acceptance gate fails (the simulator's SGLANG_SIM_ACCEPT_OVERRIDE=1.0 in lab1's env file only, through
+    # a second inventory): lab2, whose own gate passed, must not commit its one-host config while lab1 restarts rank 0
+    # of A; both go back and A serves again over both hosts (docs/multinode.md).
+    started = time.monotonic()
+    fault = tmp_path / "lab1-accept-fault.yml"
+    fault.write_text(json.dumps({"all": {"hosts": {"lab1": {"sglang_secret_env": {
+        "SGLANG_SIM_ACCEPT_OVERRIDE": "1.0"}}}}}))
+    extra = ("-i", str(fault), "-e", f"replaces={A}", "-e", "deploy_serial=2")
+    before = main_pids(lab, A)
+    plan = deploy(lab, "one-host/" + GROW, extra=("--check", *extra))  # make plan: the checks after the plan pass
+    assert plan.returncode == 0, output_of(plan)[-4000:]
+    assert f"PLAN on lab2: {GROW} replaces {A}" in " ".join(output_of(plan).split()), output_of(plan)[-4000:]
+    assert main_pids(lab, A) == before
+    proc = deploy(lab, "one-host/" + GROW, extra=extra)
+    out = " ".join(output_of(proc).split())
+    assert proc.returncode != 0, out[-4000:]
+    assert "GATE FAILED on lab1" in out and "DEPLOY FAILED on lab1" in out, out[-4000:]
+    assert (f"ENGINE FAILED: lab1 (rank 0 of {A}) did not get past the gates; the hosts of an engine switch and go "
+            f"back together, and this deploy of {GROW} on lab2 displaces {A} (rank 1 of the engine over lab1,lab2), so "
+            f"every host goes back: lab2 restarts its rank of {A}") in out, out[-4000:]
+    assert f"DEPLOY FAILED on lab2: {GROW}" in out and f"Rolled back to {unit(A)}, healthy" in out, out[-4000:]
+    # The engine over both hosts serves again; neither host committed the one-host config.
+    for host in HOSTS:
+        assert active_unit(lab, host, unit(A)) == "active"
+        assert active_unit(lab, host, unit(GROW)) in ("inactive", "unknown", "failed")
+        assert newest_record(lab, host, GROW)["outcome"] == "rolled_back"
+        current = lab.ssh(host, f"test -e /var/lib/sglang-deploy/{GROW}/current.json", check=False)
+        assert current.returncode != 0, host
+    assert flag(argv(lab, "lab2", A), "--node-rank") == "1"
+    assert health(lab, 32000) == 200
+    print(f"one-host deploys over the engine, rank 0's gate failing, both back: {time.monotonic() - started:.1f} s")
+
+
 def test_make_rollback_takes_an_engine_grown_from_one_host_back_and_removes_its_other_rank(lab):
     # lab-2node-grow ran on lab1 alone, then over lab1 and lab2 (lab2 has no previous deploy of it): make rollback takes
     # lab1 back to its one-host deploy and stops and removes lab2's rank (docs/multinode.md).
