@@ -196,7 +196,8 @@ def test_too_little_time_gives_fewer_rounds_and_verdicts_that_say_inconclusive(m
     rep = results["schedule"]
     assert rep["rounds"]["repeats_ran"] == 2 and rep["budget"]["scale"] == 0.5
     assert "graphs" not in rep["compare"]
-    assert all(p["verdict"].startswith("inconclusive (2 paired repeats") for p in rep["compare"]["schedule"]["per_batch"])
+    per_batch = rep["compare"]["schedule"]["per_batch"]
+    assert all(p["verdict"].startswith("inconclusive (2 paired repeats") for p in per_batch)
     assert rep["single"]["not_run"].startswith("not run:")
     text = "\n".join(runner.summary_lines(results))
     assert "schedule sched-k8 (issue 38): inconclusive at batch 1, 4, 8, 16" in text
@@ -248,5 +249,6 @@ def test_the_runner_runs_set_schedule_through_its_paired_rounds(monkeypatch, tmp
     out = tmp_path / "out"
     assert runner.main(["--plan", str(plan_file), "--out", str(out), "--deadline", str(1000 + 500)]) == 0
     summary = (out / "summary.txt").read_text()
-    assert "schedule comparisons, paired rounds:" in summary and "per-width graphs (sched-k8 / sched-k8-onegraph)" in summary
+    assert "schedule comparisons, paired rounds:" in summary
+    assert "per-width graphs (sched-k8 / sched-k8-onegraph)" in summary
     assert json.loads((out / "results.json").read_text())["schedule"]["rounds"]["repeats_ran"] >= 3
