@@ -723,7 +723,8 @@ def summary_lines(results: dict) -> list[str]:
         lines.append(f"acceptance minimum: {results['accept_minimum']}")
     if results.get("sweep"):
         sw = results["sweep"]
-        lines.append(f"sweep: {sw.get('recommendation') or sw.get('error')}")
+        lines.append(f"sweep (the project's own sgdeploy sweep: one bench pass per server, {SINGLE}): "
+                     f"{sw.get('recommendation') or sw.get('error')}")
     return lines
 
 

@@ -208,6 +208,9 @@ def test_a_server_timed_alone_in_one_pass_says_it_is_not_a_comparison():
     one = {"batch1": {"tokens_per_s": 300.0, "step_ms": 3.1}, "batch8": {"tokens_per_s": 1400.0}}
     lines = runner.summary_lines({"ddtree-b15-k8": {"status": "serving", "timing": one}})
     assert "tok/s (single pass, not a comparison) b1 300.0 b8 1400.0" in lines[0]
+    sweep = runner.summary_lines({"sweep": {"recommendation": "budget 32"}})  # the product's sweep, set "judge"
+    assert sweep == ["sweep (the project's own sgdeploy sweep: one bench pass per server, single pass, not a "
+                     "comparison): budget 32"]
     assert not hasattr(runner, "timing_batches")  # one way to time servers against each other: paired rounds
 
 
