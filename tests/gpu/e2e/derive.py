@@ -108,18 +108,6 @@ def moving_verdict(moving: dict, control: str | None) -> str:
     return "inconclusive against " + ", ".join(n for n, v in moving.items() if v["holds"] is None)
 
 
-def _cell(t: dict | None) -> str:
-    if not t or t.get("tokens_per_s") is None:
-        return "-"
-    return f"{t['tokens_per_s']} [{t['min']}-{t['max']}] x{t['n']}"
-
-
-def _ratio(v: dict) -> str:
-    if not v.get("n"):
-        return "no pairs"
-    return f"median {v['median']} [{v['min']}-{v['max']}] x{v['n']}"
-
-
 def lines(report: dict) -> list[str]:
     """The summary's lines for the derivation and the comparison: tokens/s as median [min-max] x rounds."""
     if not report:
@@ -132,7 +120,7 @@ def lines(report: dict) -> list[str]:
         out.append(f"derivation rounds (phase A): {pa.get('repeats_ran')} of {pa.get('repeats_planned')} repeats, "
                    f"requests per round {pa.get('round_requests')}, servers alternated; tok/s median [min-max] x n")
         for name, t in (pa.get("summary") or {}).items():
-            out.append(f"  {name}: " + " | ".join(f"{k} {_cell(v)}" for k, v in t.items()))
+            out.append(f"  {name}: " + " | ".join(f"{k} {paired.cell_text(v)}" for k, v in t.items()))
     out.append(f"derived schedule: {report.get('flag')} (from the medians of {', '.join(report.get('from') or [])}; "
                f"tie tolerance {report.get('tie_tolerance')})")
     for b in report.get("buckets") or []:
@@ -145,13 +133,13 @@ def lines(report: dict) -> list[str]:
                    f"requests per round {pb.get('round_requests')}, moving {pb.get('moving')}"
                    + (f"; {pb['stopped']}" if pb.get("stopped") else ""))
         for name, t in (pb.get("summary") or {}).items():
-            out.append(f"  {name}: " + " | ".join(f"{k} {_cell(v)}" for k, v in t.items()))
+            out.append(f"  {name}: " + " | ".join(f"{k} {paired.cell_text(v)}" for k, v in t.items()))
     cmp_ = report.get("compare") or {}
     for p in cmp_.get("per_batch") or []:
         out.append(f"  batch {p['batch']}: derived / best fixed {p['best_fixed']} (highest median of "
-                   f"{', '.join(p['against'])}), paired: {_ratio(p)}: {p['verdict']}")
+                   f"{', '.join(p['against'])}), paired: {paired.ratio_text(p)}: {p['verdict']}")
     for name, v in (cmp_.get("moving") or {}).items():
-        out.append(f"  moving 1->16->1: derived / {name}: {_ratio(v)}: {v['verdict']}")
+        out.append(f"  moving 1->16->1: derived / {name}: {paired.ratio_text(v)}: {v['verdict']}")
     if cmp_.get("verdicts"):
         out.append(f"issue 38 item 3: {cmp_['verdicts']['batches']}; moving load: {cmp_['verdicts']['moving']}")
     return out

@@ -1,5 +1,6 @@
-"""Paired, interleaved timing for set ``derive`` (issue 38 item 3): what is timed in which order, how the rounds'
-tokens/s become medians and paired ratios, what a comparison may say, and how many repeats fit the call.
+"""Paired, interleaved timing, the harness's one way to compare servers' tokens/s (sets ``derive``, issue 38 item 3,
+and ``schedule``, sched_compare.py): what is timed in which order, how the rounds' tokens/s become medians and paired
+ratios, what a comparison may say, and how many repeats fit the call.
 
 Why (the H200 run of 2026-12-05, set ``derive``): each server was timed alone in one tiny round per batch size
 (about 1.3-1.9 s), the servers one after another, minutes apart. ``ddtree-b64-k8`` timed twice ~3 minutes apart
@@ -95,6 +96,23 @@ def fit_repeats(available_s: float, cost_a: float, cost_b: float, most: int = MA
                 break
             ra, used = ra + 1, used + cost_a
     return ra, rb
+
+
+SCALES = (1.0, 0.75, 0.5)  # round sizes tried by ``plan_rounds``, largest first
+
+
+def plan_rounds(available_s: float, groups: dict[str, list[str]], scales: tuple[float, ...] = SCALES,
+                min_n: int = MIN_REPEATS, most: int = MAX_REPEATS) -> tuple[int, float]:
+    """(repeats, scale) of one set of comparisons (``groups``) in ``available_s``: the largest round size of
+    ``scales`` at which ``min_n`` repeats (a verdict's least) fit, as many repeats of it as fit, up to ``most``; where
+    ``min_n`` fit at no size, the smallest size and the repeats that fit, at least one (its verdicts then say
+    inconclusive). More time never gives fewer repeats at one size, nor smaller rounds."""
+    for scale in scales:
+        cost = repeat_cost(groups, scale)
+        if cost and min_n * cost <= available_s:
+            return min(most, int(available_s // cost)), scale
+    cost = repeat_cost(groups, scales[-1])
+    return max(1, min(most, int(available_s // cost) if cost else most)), scales[-1]
 
 
 def next_repeat_fits(now: float, stop: float, durations: list[float], estimate: float) -> bool:
@@ -199,6 +217,20 @@ def judge_beats(ratios: list[float], min_n: int = MIN_REPEATS) -> dict[str, Any]
         verdict = f"inconclusive (spread {st['spread_pct']} %)"
     return {**st, "verdict": verdict, "holds": True if verdict == "beats" else
             False if verdict == "does not beat" else None}
+
+
+def cell_text(t: dict | None) -> str:
+    """A server's number at one round kind in a summary: median [min-max] x rounds."""
+    if not t or t.get("tokens_per_s") is None:
+        return "-"
+    return f"{t['tokens_per_s']} [{t['min']}-{t['max']}] x{t['n']}"
+
+
+def ratio_text(v: dict) -> str:
+    """A comparison in a summary: the paired ratios' median, min-max, count and spread (the verdict follows it)."""
+    if not v.get("n"):
+        return "no pairs"
+    return f"median {v['median']} [{v['min']}-{v['max']}] x{v['n']}, spread {v['spread_pct']} %"
 
 
 def all_of(verdicts: list[dict]) -> bool | None:

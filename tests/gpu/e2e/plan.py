@@ -196,9 +196,10 @@ QUICK = tuple(s for s in BUDGET if s.name in {"ar", "dflash", "ddtree-b15-k8", "
 LEARNED_SET = BUDGET + JUDGE
 # Issues 38 and 36 ("schedule", session 18): on the trained pair, CUDA graphs and overlap on, fused top-k, up to 16
 # requests in flight: AR, DFLASH 16, DDTREE 15 / 32 / 64 at cap 8 with forking and 64 without, and the budget
-# schedule 1:64,4:32,8:15 (patch 0005; with its graphs per width and with the largest width's only); each timed alone at 1, 4, 8 and 16 in flight and over a load that moves
-# 1 -> 16 -> 1 (plan "batches"). The servers tagged "watch" read their own /metrics with the post-deploy watch's code
-# (module_utils/sglang_watch.py) around the greedy run, against the requests' own meta_info numbers.
+# schedule 1:64,4:32,8:15 (patch 0005; with its graphs per width and with the largest width's only), timed at 1, 4, 8
+# and 16 in flight and over a load that moves 1 -> 16 -> 1 (plan "batches") in paired rounds (SCHEDULE_PLAN). The
+# servers tagged "watch" read their own /metrics with the post-deploy watch's code (module_utils/sglang_watch.py)
+# around the greedy run, against the requests' own meta_info numbers.
 SCHEDULE_ENTRIES = ((1, 64), (4, 32), (8, 15))
 # Patch 0005's verify graphs at every scheduled width: on by default since the H200 run of 2026-12-05 (ddtree_graphs.py);
 # the servers that test them say so explicitly, and "sched-k8-onegraph" switches them off (the other widths eager).
@@ -217,6 +218,14 @@ SCHEDULE = (
     Server("sched-k8-onegraph", "ddtree-b64", 64, 8, budget_schedule=SCHEDULE_ENTRIES, tags=("schedule",),
            max_running=16, env=(GRAPHS_OFF,)),
 )
+# What set "schedule" compares, each comparison in paired, interleaved rounds (paired.py, sched_compare.py): the
+# schedule's server against the fixed budgets it uses (at each batch: within 3 % of the best; over the moving load:
+# beats each) and DFLASH 16 (the moving load), and its graphs on against off at the batch sizes where its widths differ
+# from the largest (below, the largest width runs from a graph in both). The other timed servers ("ar",
+# "nofork-b64-k8") get one single pass each, after the comparisons, where time is left.
+SCHEDULE_PLAN = {"server": "sched-k8", "graphs_off": "sched-k8-onegraph", "control": "dflash",
+                 "fixed": [f"ddtree-b{b}-k8" for b in sorted({b for _, b in SCHEDULE_ENTRIES})],
+                 "graphs_batches": [n for n in BATCHES if n >= min(m for m, _ in SCHEDULE_ENTRIES if m > 1)]}
 # Issue 38 item 3 ("derive", session 20): the schedule derived on this machine from this run's own timings. AR (the
 # reference), DFLASH 16 (the control) and DDTREE 15 / 32 / 64 at cap 8 start together; the runner times the three
 # fixed budgets in interleaved repeats (phase A, paired.py), derives the schedule from their medians with the project's
@@ -325,7 +334,8 @@ def build(set_name: str = "core") -> dict:
             "models": models, "learned": learned, "prompts": f"{models}/prompts.json" if learned else None,
             "max_new": 128 if learned else 64, "harness_args": list(HARNESS_ARGS),
             "batches": list(BATCHES) if set_name in ("schedule", "derive") else None,
-            "derive": dict(DERIVE_PLAN) if set_name == "derive" else None}
+            "derive": dict(DERIVE_PLAN) if set_name == "derive" else None,
+            "schedule": dict(SCHEDULE_PLAN) if set_name == "schedule" else None}
 
 
 def models_for(set_name: str) -> str:

@@ -47,6 +47,7 @@ sys.path.insert(0, str(REPO / "collections"))
 import derive  # noqa: E402
 import e2e_stats as stats  # noqa: E402
 import paired  # noqa: E402
+import sched_compare  # noqa: E402
 import trace_check  # noqa: E402
 
 ROOT = Path("/tmp/gpu-e2e")
@@ -349,8 +350,12 @@ def profile(server: ServerProc, ps: list[list[int]]) -> dict:
         return {"error": f"{type(err).__name__}: {str(err)[:300]}"}
 
 
+SINGLE = "single pass, not a comparison"
+
+
 def timing(server: ServerProc, ps: list[list[int]]) -> dict:
-    """Speed with this server alone on the GPU (the others idle): batch 1 (requests one after another) and batch 8
+    """Speed with this server alone on the GPU (the others idle), one pass (``SINGLE``: its own numbers; servers
+    are compared only in paired rounds, ``paired_rounds``): batch 1 (requests one after another) and batch 8
     (8 in flight), MAX_NEW greedy tokens each, wall-clock (CUDA graphs replay inside the server; the host loop is in
     the time). Step time at batch 1: the request's time over its verify steps (AR: over its tokens)."""
     port = server.port
@@ -392,38 +397,6 @@ def _rate(outs: list, wall: float) -> dict:
     return {"requests": len(outs), "errors": [o["error"] for o in outs if "error" in o][:3], "tokens": toks,
             "wall_s": round(wall, 3), "tokens_per_s": round(toks / wall, 1) if wall else None,
             "accept_length": round(toks / verify, 3) if verify else None}
-
-
-def timing_batches(server: ServerProc, ps: list[list[int]], batches: list[int]) -> dict:
-    """Issue 38: speed with this server alone on the GPU at each number of requests in flight (after an untimed
-    round of n short requests, 2 x n requests of MAX_NEW greedy tokens, n at a time; n = 1: 4 requests one after
-    another), then over a load that moves
-    1 -> 16 -> 1 in flight (4, 32 and 4 requests), wall-clock with CUDA graphs replaying where they were captured
-    (the host loop is in the time)."""
-    port = server.port
-    out: dict = {}
-    try:
-        generate(port, ps[0], 8)  # nothing of the timing is a first call
-        for n in batches:
-            # A first round at this batch size, not timed: the first steps at a new batch size compile Triton
-            # kernels and graph-less shapes (2026-12-05, H100: budget 15 at 16 in flight, 747 tok/s timed first,
-            # 1771 tok/s timed again two minutes later).
-            in_flight(port, [(p, MAX_NEW // 4) for p in ps[-n:]], n)
-            jobs = [(p, MAX_NEW) for p in (ps * 2)[: max(4, 2 * n)]]
-            outs, wall = in_flight(port, jobs, n)
-            out[f"batch{n}"] = _rate(outs, wall)
-        phases = [(1, 4), (max(batches), 2 * max(batches)), (1, 4)]
-        all_outs, total, start = [], 0.0, 0
-        for n, count in phases:
-            jobs = [(p, MAX_NEW) for p in (ps * 4)[start: start + count]]
-            start += count
-            outs, wall = in_flight(port, jobs, n)
-            all_outs += outs
-            total += wall
-        out["moving"] = {"phases": [f"{n} in flight x {c}" for n, c in phases], **_rate(all_outs, total)}
-    except Exception as err:  # noqa: BLE001
-        out["error"] = f"{type(err).__name__}: {str(err)[:300]}"
-    return out
 
 
 def gates(server: ServerProc, min_accept: float | None = None, accept_from: str | None = None) -> dict:
@@ -682,16 +655,20 @@ def by_kind(cand: list[dict]) -> dict:
 
 
 def timing_text(tm: dict) -> str:
-    """A server's timing in its summary line: paired (set "derive": median [min-max] x rounds), per batch, or the
-    batch 1 / 8 timing."""
+    """A server's timing in its summary line: paired rounds (sets "derive" and "schedule": median [min-max] x
+    rounds), one pass of the same rounds (set "schedule"'s servers that compare with none), or the batch 1 / 8 timing
+    (one pass); a single pass says that it is not a comparison."""
+    if tm.get("error"):
+        return f"timing: {tm['error']}"
+    if tm.get("method", "").startswith("single"):
+        return f"tok/s ({tm['method']}) " + " ".join(
+            f"{k} {v.get('tokens_per_s')} (al {v.get('accept_length')})" for k, v in tm.items() if isinstance(v, dict))
     if tm.get("method"):
         return f"tok/s ({tm['method']}: median [min-max] x rounds) " + " ".join(
             f"{k} {v.get('tokens_per_s')} [{v.get('min')}-{v.get('max')}] x{v.get('n')} (al {v.get('accept_length')})"
             for k, v in tm.items() if isinstance(v, dict))
-    if "moving" in tm:
-        return "tok/s " + " ".join(f"{k} {v.get('tokens_per_s')} (al {v.get('accept_length')})"
-                                   for k, v in tm.items() if isinstance(v, dict))
-    return f"tok/s b1 {tm['batch1']['tokens_per_s']} b8 {tm.get('batch8', {}).get('tokens_per_s')} step {tm['batch1']['step_ms']} ms"
+    return (f"tok/s ({SINGLE}) b1 {tm['batch1']['tokens_per_s']} b8 {tm.get('batch8', {}).get('tokens_per_s')} "
+            f"step {tm['batch1']['step_ms']} ms")
 
 
 def summary_lines(results: dict) -> list[str]:
@@ -713,7 +690,7 @@ def summary_lines(results: dict) -> list[str]:
             parts.append(f"code {bk['code_with_loops']['accept_length']} prose {bk['prose_with_loops']['accept_length']}"
                          f" noloop {bk['all_without_loops']['accept_length']} loops {bk['all_loop_share']}")
         tm = r.get("timing")
-        if tm and ("method" in tm or "moving" in tm or "batch1" in tm):
+        if tm and ("method" in tm or "batch1" in tm or "error" in tm):
             parts.append(timing_text(tm))
         p = r.get("paths")
         if p:
@@ -741,11 +718,13 @@ def summary_lines(results: dict) -> list[str]:
         if sc:
             lines.append(f"exactness self-check {name}: {sc.get('verdict') or sc.get('error')}: {sc.get('reason')}")
     lines += derive.lines(results.get("derive") or {})
+    lines += sched_compare.lines(results.get("schedule") or {})
     if results.get("accept_minimum"):
         lines.append(f"acceptance minimum: {results['accept_minimum']}")
     if results.get("sweep"):
         sw = results["sweep"]
-        lines.append(f"sweep: {sw.get('recommendation') or sw.get('error')}")
+        lines.append(f"sweep (the project's own sgdeploy sweep: one bench pass per server, {SINGLE}): "
+                     f"{sw.get('recommendation') or sw.get('error')}")
     return lines
 
 
@@ -908,6 +887,80 @@ def derive_and_judge(plan: dict, entry: dict, servers: dict, results: dict, ps: 
     save()
 
 
+def _warm_all(names: list[str], servers: dict, ps: list, batches: list[int], warmed: set, results: dict) -> list[str]:
+    """``warm_up`` each of ``names``; those whose warm-up failed are left out of the answer (the error in results)."""
+    ok = []
+    for n in names:
+        try:
+            warm_up(servers[n], ps, batches, warmed)
+            ok.append(n)
+        except Exception as err:  # noqa: BLE001
+            results[n]["timing"] = {"error": f"warm-up failed: {type(err).__name__}: {str(err)[:200]}"}
+    return ok
+
+
+def schedule_rounds(plan: dict, servers: dict, results: dict, ps: list, args, save) -> None:
+    """Set "schedule" (issue 38): the servers are checked against AR first (nothing is timed then;
+    ``report["analysed_early"]``), then every comparison of the set (``sched_compare.groups``: the schedule against
+    the fixed budgets it uses and DFLASH 16, graphs on against off) runs in paired, interleaved rounds, as many
+    repeats as fit the deadline (``paired.plan_rounds``; they end ``B_TAIL_S`` before it), judged by
+    ``sched_compare.compare``. The other experiment servers (AR, the leak) get one pass of the same rounds after,
+    where it fits: "single pass, not a comparison"."""
+    spec, batches = plan["schedule"], plan["batches"]
+    report: dict = {"server": spec["server"], "within": paired.WITHIN, "min_repeats": paired.MIN_REPEATS}
+    results["schedule"] = report
+    try:  # the losslessness first: the rounds then get all the time that is left
+        analyse(dict(servers), results, ps, args.deadline)
+        report["analysed_early"] = list(servers)
+    except Exception:  # noqa: BLE001
+        import traceback
+
+        results["analyse_error"] = traceback.format_exc()[-1500:]
+    serving = {n for n, x in servers.items() if x.status == "serving" and x.proc.poll() is None}
+    warmed: set = set()
+    stop = args.deadline - B_TAIL_S
+    groups = sched_compare.groups(spec, batches, serving)
+    timed = _warm_all([n for n in servers if any(n in g for g in groups.values())], servers, ps, batches, warmed,
+                      results)
+    groups = sched_compare.groups(spec, batches, set(timed))
+    if not groups:
+        report["error"] = f"nothing to compare: {spec['server']} or every server to compare it with not serving"
+    else:
+        available = stop - time.time()
+        repeats, scale = paired.plan_rounds(available, groups)
+        cost = paired.repeat_cost(groups, scale)
+        report["budget"] = {"available_s": round(available), "repeat_s": round(cost, 1), "repeats": repeats,
+                            "scale": scale, "tail_s": B_TAIL_S}
+        say("schedule: paired rounds", report["budget"])
+        recs, info = paired_rounds(servers, ps, groups, repeats, stop, scale, cost, min_repeats=1)
+        summary = paired.summarise(recs)
+        for n in {x for g in groups.values() for x in g}:
+            results[n]["timing"] = {"method": f"paired, {info['repeats_ran']} repeats", **summary.get(n, {})}
+        report["rounds"] = {**info, "scale": scale, "groups": groups,
+                            "round_requests": {n: paired.round_requests(n, scale) for n in batches},
+                            "moving": [f"{n} in flight x {c}" for n, c in paired.MOVING],
+                            "summary": summary, "rounds": recs}
+        report["compare"] = sched_compare.compare(recs, spec, batches, groups)
+        say("schedule:", report["compare"]["schedule"]["verdicts"], (report["compare"].get("graphs") or {}).get("verdict"))
+        save()
+    single = [n for n in servers if n in serving and n not in timed and servers[n].entry["role"] == "experiment"]
+    report["single"] = {"servers": single}
+    if not single:
+        return
+    scale = (report.get("budget") or {}).get("scale", paired.SCALES[-1])
+    alone = {**{f"batch{n}": single for n in batches}, "moving": single}
+    cost = paired.repeat_cost(alone, scale) + paired.WARM_S * (len(batches) + 1) * len(single)
+    if not paired.next_repeat_fits(time.time(), stop, [], cost):
+        report["single"]["not_run"] = f"not run: {cost:.0f} s, {stop - time.time():.0f} s left after the comparisons"
+        return
+    single = _warm_all(single, servers, ps, batches, warmed, results)
+    recs, info = paired_rounds(servers, ps, {k: single for k in alone}, 1, stop, scale, cost)
+    summary = paired.summarise(recs)
+    for n in single:
+        results[n]["timing"] = {"method": SINGLE, **summary.get(n, {})}
+    report["single"].update(info, rounds=recs)
+
+
 def main(argv: list[str] | None = None) -> int:  # noqa: C901 - the harness run in order, one step a block
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--plan", required=True, type=Path)
@@ -985,14 +1038,12 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 - the harness run 
                     results[s.name]["log_errors"] = s.errors()
                 say(s.name, key, "done")
                 save()
-        if plan.get("learned") and held_entry is None:  # speed, one server at a time (the others idle)
+        if plan.get("schedule"):  # set "schedule": its comparisons in paired rounds
+            schedule_rounds(plan, servers, results, ps, args, save)
+        elif plan.get("learned") and held_entry is None:  # speed, one server at a time (the others idle), one pass
             for s in (x for x in servers.values() if x.status == "serving"):
                 if time.time() > args.deadline - 90:
                     results[s.name]["timing"] = {"error": "not run: too close to the deadline"}
-                elif s.entry["role"] == "experiment" and plan.get("batches"):
-                    results[s.name]["timing"] = t = timing_batches(s, ps, plan["batches"])
-                    say(s.name, "timing", {k: v.get("tokens_per_s") for k, v in t.items() if isinstance(v, dict)})
-                    save()
                 elif s.entry["role"] == "experiment":
                     results[s.name]["timing"] = timing(s, ps)
                     say(s.name, "timing", results[s.name]["timing"].get("batch1", {}).get("tokens_per_s"),
@@ -1006,10 +1057,14 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901 - the harness run 
             save()
         if held_entry is not None:
             derive_and_judge(plan, held_entry, servers, results, ps, args, save)
-        early = set((results.get("derive") or {}).get("analysed_early") or ())  # set "derive": analysed already
+        # sets "derive" and "schedule": analysed already (set "derive": all but the derived server)
+        early = set((results.get("derive") or results.get("schedule") or {}).get("analysed_early") or ())
+        rest = {n: s for n, s in servers.items() if n not in early}
         if time.time() < args.deadline - 20:
             try:
-                analyse({n: s for n, s in servers.items() if n not in early or n == "ar"}, results, ps, args.deadline)
+                if rest:  # with AR, the reference
+                    analyse({**rest, **({"ar": servers["ar"]} if "ar" in servers else {})}, results, ps,
+                            args.deadline)
                 analyse_paths({n: s for n, s in servers.items() if n in early}, results)
             except Exception:  # noqa: BLE001
                 import traceback
