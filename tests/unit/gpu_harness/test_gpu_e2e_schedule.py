@@ -140,16 +140,22 @@ def _schedule_servers():
     return {n: _Server(n) for n in names}
 
 
-def test_set_schedule_compares_its_servers_only_in_paired_rounds_and_says_so(monkeypatch):
+def _rounds(monkeypatch, seconds: float, without: tuple[str, ...] = ()) -> tuple[list, dict, dict]:
+    """Set "schedule"'s rounds on the drifting fake GPU with `seconds` left for them: (rounds ran, servers, results)."""
     clock, ran = _Clock(), []
     _fake_machine(monkeypatch, clock, ran)
-    servers = _schedule_servers()
+    servers = {n: s for n, s in _schedule_servers().items() if n not in without}
     results = {n: {"status": "serving"} for n in servers}
 
     class Args:
-        deadline = 1000 + 360 + runner.B_TAIL_S
+        deadline = 1000 + seconds + runner.B_TAIL_S
 
     runner.schedule_rounds({"schedule": SPEC, "batches": BATCHES}, servers, results, [[1]], Args, lambda: None)
+    return ran, servers, results
+
+
+def test_set_schedule_compares_its_servers_only_in_paired_rounds_and_says_so(monkeypatch):
+    ran, servers, results = _rounds(monkeypatch, 360)
     rep = results["schedule"]
     assert rep["budget"]["repeats"] == 3 and rep["budget"]["scale"] == 1.0
     assert rep["rounds"]["repeats_ran"] == 3 and rep["analysed_early"] == list(servers)
@@ -183,16 +189,7 @@ def test_set_schedule_compares_its_servers_only_in_paired_rounds_and_says_so(mon
 
 
 def test_too_little_time_gives_fewer_rounds_and_verdicts_that_say_inconclusive(monkeypatch):
-    clock, ran = _Clock(), []
-    _fake_machine(monkeypatch, clock, ran)
-    servers = _schedule_servers()
-    del servers["sched-k8-onegraph"]
-    results = {n: {"status": "serving"} for n in servers}
-
-    class Args:
-        deadline = 1000 + 120 + runner.B_TAIL_S
-
-    runner.schedule_rounds({"schedule": SPEC, "batches": BATCHES}, servers, results, [[1]], Args, lambda: None)
+    _, _, results = _rounds(monkeypatch, 120, without=("sched-k8-onegraph",))
     rep = results["schedule"]
     assert rep["rounds"]["repeats_ran"] == 2 and rep["budget"]["scale"] == 0.5
     assert "graphs" not in rep["compare"]
